@@ -1,0 +1,188 @@
+"""The DFT matrices of one band-limited convolution, built once per shape and cached.
+
+Feature maps of convolutional networks are small (4 to 64 pixels a side), so each 1-D DFT is
+done as a matrix product rather than an FFT: it runs at matrix-multiply speed, needs no
+FFT-friendly grid size, and computes only the rows that are used: the kept band on the way in,
+the (strided) output positions on the way out, the dilated kernel taps for the filter. Padding
+(of any mode) is folded into the analysis matrices: a padded position that copies input position
+``h`` adds its DFT column to column ``h``. The backward pass uses the transposes.
+
+All matrices are real; a complex spectrum is stored as two real blocks ``(re, im)``. Along the
+last axis the transform is one-sided (real FFT), along the other axis two-sided.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from lightning_bandlimit.functional.band import SpectralBand, spectral_band
+from lightning_bandlimit.functional.geometry import ConvGeometry
+
+__all__ = ["DFTPlan", "dft_plan"]
+
+
+@dataclass(frozen=True)
+class DFTPlan:
+    """Real matrices of one convolution geometry and band (see module docstring).
+
+    Shapes, with input ``H x W``, band ``R x K``, output ``P x Q``, kernel ``kh x kw``:
+
+    Attributes:
+        geometry: the convolution's geometry.
+        band: the kept spectral band.
+        analysis_w: ``(W, 2K)``: ``x @ analysis_w`` is the one-sided DFT along W, ``[re | im]``.
+        analysis_h: ``(2R, 2H)``: complex DFT along H acting on stacked ``[re; im]`` rows.
+        synthesis_h: ``(2P, 2R)``: inverse DFT along H, evaluated at the output rows.
+        synthesis_w: ``(2K, Q)``: real inverse of the one-sided DFT at the output columns
+            (includes the ``1 / (H_grid W_grid)`` normalisation).
+        filter_analysis: ``(2 R K, kh kw)``: 2-D DFT of the dilated kernel, ``[re; im]``.
+
+    Each matrix ``m`` also has its transpose as a contiguous ``m_t`` (the backward pass's
+    operands; a transposed view can send a small GEMM down a slow path).
+    """
+
+    geometry: ConvGeometry
+    band: SpectralBand
+    analysis_w: torch.Tensor
+    analysis_h: torch.Tensor
+    synthesis_h: torch.Tensor
+    synthesis_w: torch.Tensor
+    filter_analysis: torch.Tensor
+    analysis_w_t: torch.Tensor
+    analysis_h_t: torch.Tensor
+    synthesis_h_t: torch.Tensor
+    synthesis_w_t: torch.Tensor
+    filter_analysis_t: torch.Tensor
+
+
+def _phase(freqs: torch.Tensor, positions: torch.Tensor, size: int, sign: float) -> torch.Tensor:
+    """``exp(sign * 2 pi i f p / size)`` as an ``(len(freqs), len(positions))`` complex matrix."""
+    # Reduce f * p modulo size in integers first: keeps float64 phases exact for any size.
+    angle = (freqs[:, None] * positions[None, :]).remainder(size).to(torch.float64)
+    return torch.polar(torch.ones_like(angle), angle * (sign * 2 * math.pi / size))
+
+
+def _source_positions(size: int, before: int, after: int, mode: str) -> torch.Tensor:
+    """For each padded position, the input position it copies (-1: a zero of zero padding)."""
+    positions = torch.arange(-before, size + after)
+    if mode == "zeros":
+        return torch.where((positions >= 0) & (positions < size), positions, -1)
+    if mode == "reflect":
+        positions = positions.abs()
+        return torch.where(positions >= size, 2 * (size - 1) - positions, positions)
+    if mode == "replicate":
+        return positions.clamp(0, size - 1)
+    return positions.remainder(size)  # circular
+
+
+def _analysis(freqs: torch.Tensor, size: int, grid: int, pads: tuple[int, int], mode: str) -> torch.Tensor:
+    """Complex ``(len(freqs), size)``: DFT on the padded grid, as a function of the input."""
+    source = _source_positions(size, *pads, mode)
+    full = _phase(freqs, torch.arange(grid), grid, -1.0)
+    used = source >= 0
+    out = torch.zeros(len(freqs), size, dtype=full.dtype)
+    return out.index_add_(1, source[used], full[:, used])
+
+
+def _complex_block(matrix: torch.Tensor) -> torch.Tensor:
+    """Real ``[[re, -im], [im, re]]``: complex product on stacked ``[re; im]`` operands."""
+    return torch.cat(
+        [torch.cat([matrix.real, -matrix.imag], 1), torch.cat([matrix.imag, matrix.real], 1)], 0
+    )
+
+
+def _band_frequencies(band: SpectralBand) -> tuple[torch.Tensor, torch.Tensor]:
+    height = band.grid[0]
+    if band.rows < height:
+        n = band.half_rows
+        rows = torch.cat([torch.arange(0, n + 1), torch.arange(-n, 0)])
+    else:
+        rows = torch.arange(height)
+    return rows, torch.arange(band.cols)
+
+
+@functools.lru_cache(maxsize=512)
+def _cpu_plan(geometry: ConvGeometry, band: SpectralBand) -> DFTPlan:
+    grid_h, grid_w = geometry.grid
+    rows, cols = _band_frequencies(band)
+    (pad_h, pad_w), mode = geometry.pads, geometry.padding_mode
+    in_h, in_w = geometry.in_size
+    out_h, out_w = geometry.out_size
+
+    a_w = _analysis(cols, in_w, grid_w, pad_w, mode)
+    analysis_w = torch.cat([a_w.real.T, a_w.imag.T], 1)
+    analysis_h = _complex_block(_analysis(rows, in_h, grid_h, pad_h, mode))
+
+    synthesis_h = _complex_block(
+        _phase(torch.arange(out_h) * geometry.stride[0], rows, grid_h, 1.0)
+    )
+    # Real inverse of a one-sided spectrum: every column but DC and Nyquist stands for itself
+    # and its Hermitian mirror.
+    weight = torch.full((band.cols,), 2.0, dtype=torch.float64)
+    weight[0] = 1.0
+    if grid_w % 2 == 0 and band.cols == grid_w // 2 + 1:
+        weight[-1] = 1.0
+    s_w = _phase(cols, torch.arange(out_w) * geometry.stride[1], grid_w, 1.0)
+    s_w = s_w * (weight[:, None] / (grid_h * grid_w))
+    synthesis_w = torch.cat([s_w.real, -s_w.imag], 0)
+
+    kh, kw = geometry.kernel
+    e_h = _phase(rows, torch.arange(kh) * geometry.dilation[0], grid_h, -1.0)
+    e_w = _phase(cols, torch.arange(kw) * geometry.dilation[1], grid_w, -1.0)
+    e = (e_h[:, None, :, None] * e_w[None, :, None, :]).reshape(len(rows) * len(cols), kh * kw)
+    filter_analysis = torch.cat([e.real, e.imag], 0)
+    matrices = (analysis_w, analysis_h, synthesis_h, synthesis_w, filter_analysis)
+    return DFTPlan(geometry, band, *matrices, *(m.T for m in matrices))
+
+
+def dft_plan(
+    geometry: ConvGeometry, compression: float, dtype: torch.dtype, device: torch.device
+) -> DFTPlan:
+    """The cached :class:`DFTPlan` for a geometry and compression, in ``dtype`` on ``device``.
+
+    Args:
+        geometry: the resolved convolution geometry.
+        compression: requested compression (quantised by :func:`spectral_band`).
+        dtype: ``torch.float32`` or ``torch.float64``.
+        device: where the matrices live.
+
+    Raises:
+        ValueError: if ``compression`` is outside ``[0, 1)``.
+
+    Example:
+        >>> from lightning_bandlimit.functional.geometry import resolve_geometry
+        >>> g = resolve_geometry(torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 3, 3), None, 1, 1, 1, 1, "zeros", 2)
+        >>> dft_plan(g, 0.0, torch.float32, torch.device("cpu")).analysis_w.shape
+        torch.Size([8, 12])
+    """
+    return _device_plan(geometry, spectral_band(geometry.grid, compression), dtype, device)
+
+
+@functools.lru_cache(maxsize=512)
+def _device_plan(
+    geometry: ConvGeometry, band: SpectralBand, dtype: torch.dtype, device: torch.device
+) -> DFTPlan:
+    plan = _cpu_plan(geometry, band)
+    return DFTPlan(
+        plan.geometry,
+        plan.band,
+        *(
+            t.to(device=device, dtype=dtype).contiguous()
+            for t in (
+                plan.analysis_w,
+                plan.analysis_h,
+                plan.synthesis_h,
+                plan.synthesis_w,
+                plan.filter_analysis,
+                plan.analysis_w_t,
+                plan.analysis_h_t,
+                plan.synthesis_h_t,
+                plan.synthesis_w_t,
+                plan.filter_analysis_t,
+            )
+        ),
+    )

@@ -1,0 +1,352 @@
+"""Band-limited convolution computed in the frequency domain.
+
+The convolution is a circular cross-correlation on the padded input grid, which equals
+``F.conv2d`` at every output position: the grid is exactly the padded input, so no output wraps
+around. Each 1-D DFT is a small real matrix product (:mod:`.dft_plan`); spectra are kept
+frequency-major, ``(2, F, N, C)`` = (re/im, kept frequencies, batch, channels), so that the
+per-frequency channel mixing is one batched matrix multiply.
+
+With compression ``c > 0`` only a low-frequency box of the spectrum is kept
+(:func:`~lightning_bandlimit.functional.band.spectral_band`), for the input, the filter and hence
+the output; the backward pass works on the same box. Saved for backward: the input's kept
+spectrum and the weight tensor itself (a parameter, alive anyway); the filter spectrum is
+recomputed, because for wide layers it is larger than the activation.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from lightning_bandlimit.functional.band import check_compression
+from lightning_bandlimit.functional.dft_plan import DFTPlan, dft_plan
+from lightning_bandlimit.functional.geometry import IntOrTuple, resolve_geometry
+
+__all__ = ["fft_conv1d", "fft_conv2d"]
+
+
+def _analyse(x: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
+    """``(N, C, H, W)`` real -> ``(2, F, N, C)`` kept spectrum."""
+    n, c, h, w = x.shape
+    k = plan.band.cols
+    t = (x.reshape(n * c * h, w) @ plan.analysis_w).view(n, c, h, 2, k)
+    t = t.permute(3, 2, 4, 0, 1).reshape(2 * h, k * n * c)
+    return (plan.analysis_h @ t).view(2, -1, n, c)
+
+
+def _analyse_adjoint(spec: torch.Tensor, plan: DFTPlan, in_h: int) -> torch.Tensor:
+    """Transpose of :func:`_analyse`: ``(2, F, N, C)`` -> ``(N, C, H, W)``."""
+    _, _, n, c = spec.shape
+    k = plan.band.cols
+    t = (plan.analysis_h_t @ spec.reshape(spec.shape[0] * plan.band.rows, -1)).view(2, in_h, k, n, c)
+    t = t.permute(3, 4, 1, 0, 2).reshape(n * c * in_h, 2 * k)
+    return (t @ plan.analysis_w_t).view(n, c, in_h, -1)
+
+
+def _synthesise(spec: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
+    """``(2, F, N, O)`` -> ``(N, O, P, Q)`` real output at the strided output positions."""
+    _, _, n, o = spec.shape
+    k = plan.band.cols
+    p, q = plan.geometry.out_size
+    z = (plan.synthesis_h @ spec.reshape(2 * plan.band.rows, k * n * o)).view(2, p, k, n, o)
+    z = z.permute(3, 4, 1, 0, 2).reshape(n * o * p, 2 * k)
+    return (z @ plan.synthesis_w).view(n, o, p, q)
+
+
+def _synthesise_adjoint(grad: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
+    """Transpose of :func:`_synthesise`: ``(N, O, P, Q)`` -> ``(2, F, N, O)``."""
+    n, o, p, q = grad.shape
+    k = plan.band.cols
+    z = (grad.reshape(n * o * p, q) @ plan.synthesis_w_t).view(n, o, p, 2, k)
+    z = z.permute(3, 2, 4, 0, 1).reshape(2 * p, k * n * o)
+    return (plan.synthesis_h_t @ z).view(2, -1, n, o)
+
+
+# Bytes of filter spectrum computed at a time. The full filter spectrum (F x C x O complex) is
+# larger than the activation for wide layers; chunking over frequencies keeps it cache-sized
+# and lets the allocator reuse one small buffer instead of faulting in a large one.
+_FILTER_CHUNK_BYTES = 1 << 21
+
+
+def _taps(weight: torch.Tensor) -> torch.Tensor:
+    """``(O, C/g, kh, kw)`` -> contiguous ``(kh kw, C/g O)``."""
+    return weight.permute(2, 3, 1, 0).reshape(-1, weight.shape[1] * weight.shape[0])
+
+
+def _chunks(plan: DFTPlan, weight_shape: torch.Size, element_size: int) -> list[tuple[int, int]]:
+    n_freq = plan.band.kept
+    per_freq = 2 * weight_shape[0] * weight_shape[1] * element_size
+    step = max(1, _FILTER_CHUNK_BYTES // per_freq)
+    return [(f, min(f + step, n_freq)) for f in range(0, n_freq, step)]
+
+
+def _filter_chunk(plan: DFTPlan, taps: torch.Tensor, f0: int, f1: int, buffer: torch.Tensor) -> torch.Tensor:
+    """Frequencies ``f0:f1`` of the filter spectrum, ``(2, f1 - f0, C/g, O)``, in ``buffer``."""
+    n_freq, fc = plan.band.kept, f1 - f0
+    out = buffer[:, :fc]
+    torch.mm(plan.filter_analysis[f0:f1], taps, out=out[0].view(fc, -1))
+    torch.mm(plan.filter_analysis[n_freq + f0 : n_freq + f1], taps, out=out[1].view(fc, -1))
+    return out
+
+
+def _group_slices(channels_in: int, channels_out: int, groups: int) -> list[tuple[slice, slice]]:
+    ci, co = channels_in // groups, channels_out // groups
+    return [(slice(g * ci, (g + 1) * ci), slice(g * co, (g + 1) * co)) for g in range(groups)]
+
+
+def _mix(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, groups: int) -> None:
+    """Per frequency ``Y = X conj(W)``: ``(2,F,N,C) x (2,F,C/g,O) -> out (2,F,N,O)``."""
+    (xr, xi), (wr, wi) = x, w
+    if groups == 1 and out.is_contiguous():
+        torch.bmm(xr, wr, out=out[0]).baddbmm_(xi, wi)
+        torch.bmm(xi, wr, out=out[1]).baddbmm_(xr, wi, alpha=-1)
+    elif groups == 1:
+        out.copy_(torch.stack([torch.baddbmm(torch.bmm(xr, wr), xi, wi), torch.baddbmm(torch.bmm(xi, wr), xr, wi, alpha=-1)]))
+    elif w.shape[2] == 1:  # depthwise: every output channel reads one input channel
+        mult = w.shape[3] // groups
+        xr, xi = (t.repeat_interleave(mult, dim=-1) for t in (xr, xi))
+        torch.mul(xr, wr, out=out[0]).addcmul_(xi, wi)
+        torch.mul(xi, wr, out=out[1]).addcmul_(xr, wi, value=-1)
+    else:
+        for cs, os in _group_slices(x.shape[3], w.shape[3], groups):
+            _mix(out[..., os], x[..., cs], w[..., os], 1)
+
+
+def _mix_grad_input(out: torch.Tensor, g: torch.Tensor, w: torch.Tensor, groups: int) -> None:
+    """Transpose of :func:`_mix` in ``X``: ``(2,F,N,O) x (2,F,C/g,O) -> out (2,F,N,C)``."""
+    (gr, gi), (wr, wi) = g, w
+    if groups == 1:
+        wrt, wit = wr.transpose(1, 2), wi.transpose(1, 2)
+        if out.is_contiguous():
+            torch.bmm(gr, wrt, out=out[0]).baddbmm_(gi, wit, alpha=-1)
+            torch.bmm(gr, wit, out=out[1]).baddbmm_(gi, wrt)
+        else:
+            out.copy_(torch.stack([torch.baddbmm(torch.bmm(gr, wrt), gi, wit, alpha=-1), torch.baddbmm(torch.bmm(gr, wit), gi, wrt)]))
+    elif w.shape[2] == 1:
+        mult = w.shape[3] // groups
+        out[0] = (gr * wr - gi * wi).unflatten(-1, (groups, mult)).sum(-1)
+        out[1] = (gr * wi + gi * wr).unflatten(-1, (groups, mult)).sum(-1)
+    else:
+        for cs, os in _group_slices(out.shape[3], w.shape[3], groups):
+            _mix_grad_input(out[..., cs], g[..., os], w[..., os], 1)
+
+
+def _mix_grad_filter(out: torch.Tensor, x: torch.Tensor, g: torch.Tensor, groups: int) -> None:
+    """Transpose of :func:`_mix` in ``W``: ``(2,F,N,C) x (2,F,N,O) -> out (2,F,C/g,O)``."""
+    (xr, xi), (gr, gi) = x, g
+    if groups == 1:
+        xrt, xit = xr.transpose(1, 2), xi.transpose(1, 2)
+        torch.bmm(xrt, gr, out=out[0]).baddbmm_(xit, gi)
+        torch.bmm(xit, gr, out=out[1]).baddbmm_(xrt, gi, alpha=-1)
+    elif x.shape[3] == groups:  # depthwise
+        mult = g.shape[3] // groups
+        xr, xi = (t.repeat_interleave(mult, dim=-1) for t in (xr, xi))
+        out[0] = (xr * gr + xi * gi).sum(1, keepdim=True)
+        out[1] = (xi * gr - xr * gi).sum(1, keepdim=True)
+    else:
+        for cs, os in _group_slices(x.shape[3], g.shape[3], groups):
+            out[..., os] = _filter_grad_of_group(x[..., cs], g[..., os])
+
+
+def _filter_grad_of_group(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    out = x.new_empty(2, x.shape[1], x.shape[3], g.shape[3])
+    _mix_grad_filter(out, x, g, 1)
+    return out
+
+
+class _FFTConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, plan: DFTPlan) -> torch.Tensor:  # type: ignore[override]
+        groups = plan.geometry.groups
+        x_spec = _analyse(x.contiguous(), plan)
+        n_freq, batch = x_spec.shape[1], x_spec.shape[2]
+        y_spec = x_spec.new_empty(2, n_freq, batch, weight.shape[0])
+        taps = _taps(weight)
+        chunks = _chunks(plan, weight.shape, weight.element_size())
+        buffer = weight.new_empty(2, chunks[0][1], weight.shape[1], weight.shape[0])
+        for f0, f1 in chunks:
+            w_spec = _filter_chunk(plan, taps, f0, f1, buffer)
+            _mix(y_spec[:, f0:f1], x_spec[:, f0:f1], w_spec, groups)
+        ctx.plan = plan
+        ctx.save_for_backward(x_spec if ctx.needs_input_grad[1] else None, weight)
+        return _synthesise(y_spec, plan)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+        plan: DFTPlan = ctx.plan
+        groups = plan.geometry.groups
+        x_spec, weight = ctx.saved_tensors
+        need_x, need_w = ctx.needs_input_grad[:2]
+        g_spec = _synthesise_adjoint(grad_out.contiguous(), plan)
+        n_freq, batch = g_spec.shape[1], g_spec.shape[2]
+        taps = _taps(weight)
+        chunks = _chunks(plan, weight.shape, weight.element_size())
+        buffer = weight.new_empty(2, chunks[0][1], weight.shape[1], weight.shape[0])
+        gx_spec = g_spec.new_empty(2, n_freq, batch, weight.shape[1] * groups) if need_x else None
+        grad_taps = torch.zeros_like(taps) if need_w else None
+        n_freq = plan.band.kept
+        for f0, f1 in chunks:
+            if need_x:
+                w_spec = _filter_chunk(plan, taps, f0, f1, buffer)
+                _mix_grad_input(gx_spec[:, f0:f1], g_spec[:, f0:f1], w_spec, groups)
+            if need_w:
+                gw_spec = buffer[:, : f1 - f0]
+                _mix_grad_filter(gw_spec, x_spec[:, f0:f1], g_spec[:, f0:f1], groups)
+                fc = f1 - f0
+                grad_taps.addmm_(plan.filter_analysis_t[:, f0:f1], gw_spec[0].view(fc, -1))
+                grad_taps.addmm_(plan.filter_analysis_t[:, n_freq + f0 : n_freq + f1], gw_spec[1].view(fc, -1))
+        grad_x = _analyse_adjoint(gx_spec, plan, plan.geometry.in_size[0]) if need_x else None
+        grad_w = None
+        if need_w:
+            kh, kw = weight.shape[2:]
+            grad_w = grad_taps.view(kh, kw, weight.shape[1], weight.shape[0]).permute(3, 2, 0, 1)
+        return grad_x, grad_w, None
+
+
+def _dtypes(input: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """(dtype the frequency-domain math runs in, dtype of the result), as ``F.conv2d``."""
+    device_type = input.device.type
+    out_dtype = input.dtype
+    if input.dtype != torch.float64 and torch.is_autocast_enabled(device_type):
+        out_dtype = torch.get_autocast_dtype(device_type)
+    compute = torch.float64 if input.dtype == torch.float64 else torch.float32
+    return compute, out_dtype
+
+
+def _fft_conv(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: IntOrTuple,
+    padding: IntOrTuple | str,
+    dilation: IntOrTuple,
+    groups: int,
+    padding_mode: str,
+    compression: float,
+    spatial_dims: int,
+) -> torch.Tensor:
+    compression = check_compression(compression)
+    if not isinstance(input, torch.Tensor):
+        raise ValueError(f"conv{spatial_dims}d: input must be a tensor, got {type(input).__name__}")
+    unbatched = input.dim() == spatial_dims + 1
+    batched = input.unsqueeze(0) if unbatched else input
+    geometry = resolve_geometry(
+        batched, weight, bias, stride, padding, dilation, groups, padding_mode, spatial_dims
+    )
+    compute_dtype, out_dtype = _dtypes(batched)
+    plan = dft_plan(geometry, compression, compute_dtype, batched.device)
+    x, w = batched.to(compute_dtype), weight.to(compute_dtype)
+    if spatial_dims == 1:
+        x, w = x.unsqueeze(-2), w.unsqueeze(-2)
+    with torch.autocast(batched.device.type, enabled=False):
+        out = _FFTConv.apply(x, w, plan)
+        if bias is not None:
+            out = out + bias.to(compute_dtype).view(1, -1, 1, 1)
+    if spatial_dims == 1:
+        out = out.squeeze(-2)
+    if unbatched:
+        out = out.squeeze(0)
+    return out.to(out_dtype)
+
+
+def fft_conv2d(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride: IntOrTuple = 1,
+    padding: IntOrTuple | str = 0,
+    dilation: IntOrTuple = 1,
+    groups: int = 1,
+    *,
+    padding_mode: str = "zeros",
+    compression: float = 0.0,
+) -> torch.Tensor:
+    """2-D convolution (cross-correlation) computed in the frequency domain, optionally band-limited.
+
+    Same arguments and result as ``torch.nn.functional.conv2d``, plus ``padding_mode`` as in
+    ``nn.Conv2d`` and ``compression``. At ``compression=0`` the result and its gradients equal
+    ``F.conv2d`` up to round-off. With ``compression=c > 0`` the spectra of the input and of the
+    filter, taken on the padded-input grid, are both truncated to the low-frequency box that
+    discards about a fraction ``c`` of the one-sided coefficients; the result is the exact
+    (circular) cross-correlation of the band-limited input with the band-limited filter on that
+    grid, cropped and strided as ``F.conv2d`` would. The achieved, quantised rate is
+    ``spectral_band(padded_input_size, c).compression``.
+
+    Half-precision inputs (and autocast regions) run the frequency-domain math in float32 and
+    return the dtype ``F.conv2d`` would return.
+
+    Args:
+        input: ``(N, C_in, H, W)`` or unbatched ``(C_in, H, W)``.
+        weight: ``(C_out, C_in // groups, kH, kW)``.
+        bias: optional ``(C_out,)``.
+        stride: int or ``(sH, sW)``.
+        padding: int, ``(pH, pW)``, ``"same"`` or ``"valid"``.
+        dilation: int or ``(dH, dW)``.
+        groups: number of blocked connections from input to output channels.
+        padding_mode: ``"zeros"``, ``"reflect"``, ``"replicate"`` or ``"circular"``.
+        compression: fraction of spectral coefficients to discard, in ``[0, 1)``.
+
+    Returns:
+        ``(N, C_out, H_out, W_out)`` (or unbatched), as ``F.conv2d``.
+
+    Raises:
+        ValueError: on a compression outside ``[0, 1)``, tensors of the wrong rank, a channel or
+            group mismatch, or any argument ``F.conv2d`` would reject; the message names the
+            expected and the given value.
+
+    Example:
+        >>> import torch.nn.functional as F
+        >>> x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+        >>> w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
+        >>> torch.allclose(fft_conv2d(x, w, padding=1), F.conv2d(x, w, padding=1))
+        True
+        >>> fft_conv2d(x, w, padding=1, compression=0.5).shape
+        torch.Size([2, 4, 16, 16])
+    """
+    return _fft_conv(input, weight, bias, stride, padding, dilation, groups, padding_mode, compression, 2)
+
+
+def fft_conv1d(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    stride: IntOrTuple = 1,
+    padding: IntOrTuple | str = 0,
+    dilation: IntOrTuple = 1,
+    groups: int = 1,
+    *,
+    padding_mode: str = "zeros",
+    compression: float = 0.0,
+) -> torch.Tensor:
+    """1-D convolution (cross-correlation) computed in the frequency domain, optionally band-limited.
+
+    The 1-D counterpart of :func:`fft_conv2d`, with the arguments of
+    ``torch.nn.functional.conv1d``; the band keeps the lowest one-sided frequencies
+    (achieved rate: ``spectral_band((1, padded_length), c).compression``).
+
+    Args:
+        input: ``(N, C_in, L)`` or unbatched ``(C_in, L)``.
+        weight: ``(C_out, C_in // groups, k)``.
+        bias: optional ``(C_out,)``.
+        stride: int or ``(s,)``.
+        padding: int, ``(p,)``, ``"same"`` or ``"valid"``.
+        dilation: int or ``(d,)``.
+        groups: number of blocked connections from input to output channels.
+        padding_mode: ``"zeros"``, ``"reflect"``, ``"replicate"`` or ``"circular"``.
+        compression: fraction of spectral coefficients to discard, in ``[0, 1)``.
+
+    Returns:
+        ``(N, C_out, L_out)`` (or unbatched), as ``F.conv1d``.
+
+    Raises:
+        ValueError: as :func:`fft_conv2d`.
+
+    Example:
+        >>> import torch.nn.functional as F
+        >>> x = torch.randn(2, 3, 50, dtype=torch.float64)
+        >>> w = torch.randn(4, 3, 5, dtype=torch.float64)
+        >>> torch.allclose(fft_conv1d(x, w, padding="same"), F.conv1d(x, w, padding="same"))
+        True
+    """
+    return _fft_conv(input, weight, bias, stride, padding, dilation, groups, padding_mode, compression, 1)
