@@ -29,20 +29,20 @@ __all__ = ["DFTPlan", "dft_plan"]
 class DFTPlan:
     """Real matrices of one convolution geometry and band (see module docstring).
 
-    Shapes, with input ``H x W``, band ``R x K``, output ``P x Q``, kernel ``kh x kw``:
+    Shapes, with input ``H x W``, band ``R x K`` (``F = R K`` kept frequencies), output
+    ``P x Q`` and kernel ``kh x kw``. A "stacked" index ``(j, k)`` runs over re/im ``j`` first.
 
     Attributes:
         geometry: the convolution's geometry.
         band: the kept spectral band.
-        analysis_w: ``(W, 2K)``: ``x @ analysis_w`` is the one-sided DFT along W, ``[re | im]``.
-        analysis_h: ``(2R, 2H)``: complex DFT along H acting on stacked ``[re; im]`` rows.
-        synthesis_h: ``(2P, 2R)``: inverse DFT along H, evaluated at the output rows.
-        synthesis_w: ``(2K, Q)``: real inverse of the one-sided DFT at the output columns
-            (includes the ``1 / (H_grid W_grid)`` normalisation).
-        filter_analysis: ``(2 R K, kh kw)``: 2-D DFT of the dilated kernel, ``[re; im]``.
-
-    Each matrix ``m`` also has its transpose as a contiguous ``m_t`` (the backward pass's
-    operands; a transposed view can send a small GEMM down a slow path).
+        analysis_w: ``(2K, W)``: one-sided DFT along W of a real row, stacked ``[re; im]``.
+        analysis_h: ``(2R, 2H)``: complex DFT along H; rows ``(j, r)``, columns ``(h, j)``.
+        synthesis_h: ``(2P, 2R)``: inverse DFT along H at the output rows; rows ``(p, j)``,
+            columns ``(j, r)``.
+        synthesis_w: ``(2K, Q)``: real inverse of the one-sided DFT at the output columns,
+            including the ``1 / (H_grid W_grid)`` normalisation.
+        filter_analysis: ``(2F, kh kw)``: 2-D DFT of the dilated kernel, rows ``(j, f)``.
+        analysis_h_t, synthesis_h_t: contiguous transposes, for the backward pass.
     """
 
     geometry: ConvGeometry
@@ -52,11 +52,8 @@ class DFTPlan:
     synthesis_h: torch.Tensor
     synthesis_w: torch.Tensor
     filter_analysis: torch.Tensor
-    analysis_w_t: torch.Tensor
     analysis_h_t: torch.Tensor
     synthesis_h_t: torch.Tensor
-    synthesis_w_t: torch.Tensor
-    filter_analysis_t: torch.Tensor
 
 
 def _phase(freqs: torch.Tensor, positions: torch.Tensor, size: int, sign: float) -> torch.Tensor:
@@ -114,12 +111,11 @@ def _cpu_plan(geometry: ConvGeometry, band: SpectralBand) -> DFTPlan:
     out_h, out_w = geometry.out_size
 
     a_w = _analysis(cols, in_w, grid_w, pad_w, mode)
-    analysis_w = torch.cat([a_w.real.T, a_w.imag.T], 1)
-    analysis_h = _complex_block(_analysis(rows, in_h, grid_h, pad_h, mode))
-
-    synthesis_h = _complex_block(
-        _phase(torch.arange(out_h) * geometry.stride[0], rows, grid_h, 1.0)
-    )
+    analysis_w = torch.cat([a_w.real, a_w.imag], 0)
+    a_h = _complex_block(_analysis(rows, in_h, grid_h, pad_h, mode))
+    analysis_h = a_h.view(2 * len(rows), 2, in_h).transpose(1, 2).reshape(2 * len(rows), 2 * in_h)
+    s_h = _complex_block(_phase(torch.arange(out_h) * geometry.stride[0], rows, grid_h, 1.0))
+    synthesis_h = s_h.view(2, out_h, 2 * len(rows)).transpose(0, 1).reshape(2 * out_h, -1)
     # Real inverse of a one-sided spectrum: every column but DC and Nyquist stands for itself
     # and its Hermitian mirror.
     weight = torch.full((band.cols,), 2.0, dtype=torch.float64)
@@ -135,8 +131,17 @@ def _cpu_plan(geometry: ConvGeometry, band: SpectralBand) -> DFTPlan:
     e_w = _phase(cols, torch.arange(kw) * geometry.dilation[1], grid_w, -1.0)
     e = (e_h[:, None, :, None] * e_w[None, :, None, :]).reshape(len(rows) * len(cols), kh * kw)
     filter_analysis = torch.cat([e.real, e.imag], 0)
-    matrices = (analysis_w, analysis_h, synthesis_h, synthesis_w, filter_analysis)
-    return DFTPlan(geometry, band, *matrices, *(m.T for m in matrices))
+    return DFTPlan(
+        geometry,
+        band,
+        analysis_w,
+        analysis_h,
+        synthesis_h,
+        synthesis_w,
+        filter_analysis,
+        analysis_h.T,
+        synthesis_h.T,
+    )
 
 
 def dft_plan(
@@ -157,7 +162,7 @@ def dft_plan(
         >>> from lightning_bandlimit.functional.geometry import resolve_geometry
         >>> g = resolve_geometry(torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 3, 3), None, 1, 1, 1, 1, "zeros", 2)
         >>> dft_plan(g, 0.0, torch.float32, torch.device("cpu")).analysis_w.shape
-        torch.Size([8, 12])
+        torch.Size([12, 8])
     """
     return _device_plan(geometry, spectral_band(geometry.grid, compression), dtype, device)
 
@@ -178,11 +183,8 @@ def _device_plan(
                 plan.synthesis_h,
                 plan.synthesis_w,
                 plan.filter_analysis,
-                plan.analysis_w_t,
                 plan.analysis_h_t,
                 plan.synthesis_h_t,
-                plan.synthesis_w_t,
-                plan.filter_analysis_t,
             )
         ),
     )

@@ -29,18 +29,20 @@ def _analyse(x: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
     """``(N, C, H, W)`` real -> ``(2, F, N, C)`` kept spectrum."""
     n, c, h, w = x.shape
     k = plan.band.cols
-    t = (x.reshape(n * c * h, w) @ plan.analysis_w).view(n, c, h, 2, k)
-    t = t.permute(3, 2, 4, 0, 1).reshape(2 * h, k * n * c)
-    return (plan.analysis_h @ t).view(2, -1, n, c)
+    rows = x.reshape(n * c, h, w).permute(1, 2, 0)  # (H, W, NC): a transposed GEMM operand
+    t = torch.bmm(plan.analysis_w.expand(h, 2 * k, w), rows)  # (H, 2K, NC) = (h, j, k, n, c)
+    return (plan.analysis_h @ t.view(2 * h, k * n * c)).view(2, -1, n, c)
 
 
 def _analyse_adjoint(spec: torch.Tensor, plan: DFTPlan, in_h: int) -> torch.Tensor:
     """Transpose of :func:`_analyse`: ``(2, F, N, C)`` -> ``(N, C, H, W)``."""
     _, _, n, c = spec.shape
     k = plan.band.cols
-    t = (plan.analysis_h_t @ spec.reshape(spec.shape[0] * plan.band.rows, -1)).view(2, in_h, k, n, c)
-    t = t.permute(3, 4, 1, 0, 2).reshape(n * c * in_h, 2 * k)
-    return (t @ plan.analysis_w_t).view(n, c, in_h, -1)
+    t = (plan.analysis_h_t @ spec.reshape(2 * plan.band.rows, -1)).view(in_h, 2 * k, n * c)
+    out = spec.new_empty(n, c, in_h, plan.analysis_w.shape[1])
+    rows = out.view(n * c, in_h, -1).permute(1, 0, 2)  # (H, NC, W) view of the result
+    torch.bmm(t.transpose(1, 2), plan.analysis_w.expand(in_h, 2 * k, -1), out=rows)
+    return out
 
 
 def _synthesise(spec: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
@@ -48,45 +50,51 @@ def _synthesise(spec: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
     _, _, n, o = spec.shape
     k = plan.band.cols
     p, q = plan.geometry.out_size
-    z = (plan.synthesis_h @ spec.reshape(2 * plan.band.rows, k * n * o)).view(2, p, k, n, o)
-    z = z.permute(3, 4, 1, 0, 2).reshape(n * o * p, 2 * k)
-    return (z @ plan.synthesis_w).view(n, o, p, q)
+    z = (plan.synthesis_h @ spec.reshape(2 * plan.band.rows, -1)).view(p, 2 * k, n * o)
+    out = spec.new_empty(n, o, p, q)
+    rows = out.view(n * o, p, q).permute(1, 0, 2)  # (P, NO, Q) view of the result
+    torch.bmm(z.transpose(1, 2), plan.synthesis_w.expand(p, 2 * k, q), out=rows)
+    return out
 
 
 def _synthesise_adjoint(grad: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
     """Transpose of :func:`_synthesise`: ``(N, O, P, Q)`` -> ``(2, F, N, O)``."""
     n, o, p, q = grad.shape
     k = plan.band.cols
-    z = (grad.reshape(n * o * p, q) @ plan.synthesis_w_t).view(n, o, p, 2, k)
-    z = z.permute(3, 2, 4, 0, 1).reshape(2 * p, k * n * o)
-    return (plan.synthesis_h_t @ z).view(2, -1, n, o)
+    rows = grad.reshape(n * o, p, q).permute(1, 2, 0)  # (P, Q, NO)
+    z = torch.bmm(plan.synthesis_w.expand(p, 2 * k, q), rows)  # (P, 2K, NO) = (p, j, k, n, o)
+    return (plan.synthesis_h_t @ z.view(2 * p, k * n * o)).view(2, -1, n, o)
 
 
-# Bytes of filter spectrum computed at a time. The full filter spectrum (F x C x O complex) is
-# larger than the activation for wide layers; chunking over frequencies keeps it cache-sized
-# and lets the allocator reuse one small buffer instead of faulting in a large one.
-_FILTER_CHUNK_BYTES = 1 << 21
-
-
-def _taps(weight: torch.Tensor) -> torch.Tensor:
-    """``(O, C/g, kh, kw)`` -> contiguous ``(kh kw, C/g O)``."""
-    return weight.permute(2, 3, 1, 0).reshape(-1, weight.shape[1] * weight.shape[0])
+# The full filter spectrum (F x O x C/g complex) is larger than the activation for wide layers,
+# so it is computed a chunk of frequencies at a time: a small buffer, reused. Every chunk
+# re-reads the weight (and read-modify-writes its gradient), hence the cap on their number.
+_FILTER_CHUNK_BYTES = 1 << 22
+_MAX_FILTER_CHUNKS = 4
 
 
 def _chunks(plan: DFTPlan, weight_shape: torch.Size, element_size: int) -> list[tuple[int, int]]:
     n_freq = plan.band.kept
     per_freq = 2 * weight_shape[0] * weight_shape[1] * element_size
-    step = max(1, _FILTER_CHUNK_BYTES // per_freq)
+    step = max(1, _FILTER_CHUNK_BYTES // per_freq, -(-n_freq // _MAX_FILTER_CHUNKS))
     return [(f, min(f + step, n_freq)) for f in range(0, n_freq, step)]
 
 
-def _filter_chunk(plan: DFTPlan, taps: torch.Tensor, f0: int, f1: int, buffer: torch.Tensor) -> torch.Tensor:
-    """Frequencies ``f0:f1`` of the filter spectrum, ``(2, f1 - f0, C/g, O)``, in ``buffer``."""
+def _filter_chunk(plan: DFTPlan, weight: torch.Tensor, f0: int, f1: int, buffer: torch.Tensor) -> torch.Tensor:
+    """Frequencies ``f0:f1`` of the dilated kernel's spectrum, ``(2, f1 - f0, O, C/g)``."""
     n_freq, fc = plan.band.kept, f1 - f0
+    taps = weight.reshape(weight.shape[0] * weight.shape[1], -1).T  # (kh kw, O C/g), a view
     out = buffer[:, :fc]
     torch.mm(plan.filter_analysis[f0:f1], taps, out=out[0].view(fc, -1))
     torch.mm(plan.filter_analysis[n_freq + f0 : n_freq + f1], taps, out=out[1].view(fc, -1))
     return out
+
+
+def _accumulate_filter_grad(grad_w: torch.Tensor, plan: DFTPlan, spec: torch.Tensor, f0: int, f1: int) -> None:
+    """``grad_w (O C/g, kh kw) += `` transpose of :func:`_filter_chunk` applied to ``spec``."""
+    n_freq, fc = plan.band.kept, f1 - f0
+    grad_w.addmm_(spec[0].view(fc, -1).T, plan.filter_analysis[f0:f1])
+    grad_w.addmm_(spec[1].view(fc, -1).T, plan.filter_analysis[n_freq + f0 : n_freq + f1])
 
 
 def _group_slices(channels_in: int, channels_out: int, groups: int) -> list[tuple[slice, slice]]:
@@ -95,77 +103,67 @@ def _group_slices(channels_in: int, channels_out: int, groups: int) -> list[tupl
 
 
 def _mix(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, groups: int) -> None:
-    """Per frequency ``Y = X conj(W)``: ``(2,F,N,C) x (2,F,C/g,O) -> out (2,F,N,O)``."""
+    """Per frequency ``Y = X conj(W)^T``: ``(2,F,N,C) x (2,F,O,C/g) -> out (2,F,N,O)``."""
     (xr, xi), (wr, wi) = x, w
-    if groups == 1 and out.is_contiguous():
-        torch.bmm(xr, wr, out=out[0]).baddbmm_(xi, wi)
-        torch.bmm(xi, wr, out=out[1]).baddbmm_(xr, wi, alpha=-1)
-    elif groups == 1:
-        out.copy_(torch.stack([torch.baddbmm(torch.bmm(xr, wr), xi, wi), torch.baddbmm(torch.bmm(xi, wr), xr, wi, alpha=-1)]))
-    elif w.shape[2] == 1:  # depthwise: every output channel reads one input channel
-        mult = w.shape[3] // groups
+    if groups == 1:
+        wrt, wit = wr.transpose(1, 2), wi.transpose(1, 2)
+        torch.bmm(xr, wrt, out=out[0]).baddbmm_(xi, wit)
+        torch.bmm(xi, wrt, out=out[1]).baddbmm_(xr, wit, alpha=-1)
+    elif w.shape[3] == 1:  # depthwise: every output channel reads one input channel
+        mult = w.shape[2] // groups
         xr, xi = (t.repeat_interleave(mult, dim=-1) for t in (xr, xi))
+        wr, wi = wr.transpose(1, 2), wi.transpose(1, 2)
         torch.mul(xr, wr, out=out[0]).addcmul_(xi, wi)
         torch.mul(xi, wr, out=out[1]).addcmul_(xr, wi, value=-1)
     else:
-        for cs, os in _group_slices(x.shape[3], w.shape[3], groups):
-            _mix(out[..., os], x[..., cs], w[..., os], 1)
+        for cs, os in _group_slices(x.shape[3], w.shape[2], groups):
+            _mix(out[..., os], x[..., cs], w[:, :, os], 1)
 
 
 def _mix_grad_input(out: torch.Tensor, g: torch.Tensor, w: torch.Tensor, groups: int) -> None:
-    """Transpose of :func:`_mix` in ``X``: ``(2,F,N,O) x (2,F,C/g,O) -> out (2,F,N,C)``."""
+    """Transpose of :func:`_mix` in ``X``: ``(2,F,N,O) x (2,F,O,C/g) -> out (2,F,N,C)``."""
     (gr, gi), (wr, wi) = g, w
     if groups == 1:
-        wrt, wit = wr.transpose(1, 2), wi.transpose(1, 2)
-        if out.is_contiguous():
-            torch.bmm(gr, wrt, out=out[0]).baddbmm_(gi, wit, alpha=-1)
-            torch.bmm(gr, wit, out=out[1]).baddbmm_(gi, wrt)
-        else:
-            out.copy_(torch.stack([torch.baddbmm(torch.bmm(gr, wrt), gi, wit, alpha=-1), torch.baddbmm(torch.bmm(gr, wit), gi, wrt)]))
-    elif w.shape[2] == 1:
-        mult = w.shape[3] // groups
+        torch.bmm(gr, wr, out=out[0]).baddbmm_(gi, wi, alpha=-1)
+        torch.bmm(gr, wi, out=out[1]).baddbmm_(gi, wr)
+    elif w.shape[3] == 1:
+        mult = w.shape[2] // groups
+        wr, wi = wr.transpose(1, 2), wi.transpose(1, 2)
         out[0] = (gr * wr - gi * wi).unflatten(-1, (groups, mult)).sum(-1)
         out[1] = (gr * wi + gi * wr).unflatten(-1, (groups, mult)).sum(-1)
     else:
-        for cs, os in _group_slices(out.shape[3], w.shape[3], groups):
-            _mix_grad_input(out[..., cs], g[..., os], w[..., os], 1)
+        for cs, os in _group_slices(out.shape[3], w.shape[2], groups):
+            _mix_grad_input(out[..., cs], g[..., os], w[:, :, os], 1)
 
 
 def _mix_grad_filter(out: torch.Tensor, x: torch.Tensor, g: torch.Tensor, groups: int) -> None:
-    """Transpose of :func:`_mix` in ``W``: ``(2,F,N,C) x (2,F,N,O) -> out (2,F,C/g,O)``."""
+    """Transpose of :func:`_mix` in ``W``: ``(2,F,N,C) x (2,F,N,O) -> out (2,F,O,C/g)``."""
     (xr, xi), (gr, gi) = x, g
     if groups == 1:
-        xrt, xit = xr.transpose(1, 2), xi.transpose(1, 2)
-        torch.bmm(xrt, gr, out=out[0]).baddbmm_(xit, gi)
-        torch.bmm(xit, gr, out=out[1]).baddbmm_(xrt, gi, alpha=-1)
+        grt, git = gr.transpose(1, 2), gi.transpose(1, 2)
+        torch.bmm(grt, xr, out=out[0]).baddbmm_(git, xi)
+        torch.bmm(grt, xi, out=out[1]).baddbmm_(git, xr, alpha=-1)
     elif x.shape[3] == groups:  # depthwise
         mult = g.shape[3] // groups
         xr, xi = (t.repeat_interleave(mult, dim=-1) for t in (xr, xi))
-        out[0] = (xr * gr + xi * gi).sum(1, keepdim=True)
-        out[1] = (xi * gr - xr * gi).sum(1, keepdim=True)
+        out[0] = (xr * gr + xi * gi).sum(1).unsqueeze(-1)
+        out[1] = (xi * gr - xr * gi).sum(1).unsqueeze(-1)
     else:
         for cs, os in _group_slices(x.shape[3], g.shape[3], groups):
-            out[..., os] = _filter_grad_of_group(x[..., cs], g[..., os])
-
-
-def _filter_grad_of_group(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    out = x.new_empty(2, x.shape[1], x.shape[3], g.shape[3])
-    _mix_grad_filter(out, x, g, 1)
-    return out
+            _mix_grad_filter(out[:, :, os], x[..., cs], g[..., os], 1)
 
 
 class _FFTConv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, plan: DFTPlan) -> torch.Tensor:  # type: ignore[override]
         groups = plan.geometry.groups
-        x_spec = _analyse(x.contiguous(), plan)
-        n_freq, batch = x_spec.shape[1], x_spec.shape[2]
-        y_spec = x_spec.new_empty(2, n_freq, batch, weight.shape[0])
-        taps = _taps(weight)
+        weight = weight.contiguous()
+        x_spec = _analyse(x, plan)
+        y_spec = x_spec.new_empty(2, x_spec.shape[1], x_spec.shape[2], weight.shape[0])
         chunks = _chunks(plan, weight.shape, weight.element_size())
-        buffer = weight.new_empty(2, chunks[0][1], weight.shape[1], weight.shape[0])
+        buffer = weight.new_empty(2, chunks[0][1], weight.shape[0], weight.shape[1])
         for f0, f1 in chunks:
-            w_spec = _filter_chunk(plan, taps, f0, f1, buffer)
+            w_spec = _filter_chunk(plan, weight, f0, f1, buffer)
             _mix(y_spec[:, f0:f1], x_spec[:, f0:f1], w_spec, groups)
         ctx.plan = plan
         ctx.save_for_backward(x_spec if ctx.needs_input_grad[1] else None, weight)
@@ -178,30 +176,22 @@ class _FFTConv(torch.autograd.Function):
         groups = plan.geometry.groups
         x_spec, weight = ctx.saved_tensors
         need_x, need_w = ctx.needs_input_grad[:2]
-        g_spec = _synthesise_adjoint(grad_out.contiguous(), plan)
-        n_freq, batch = g_spec.shape[1], g_spec.shape[2]
-        taps = _taps(weight)
+        g_spec = _synthesise_adjoint(grad_out, plan)
         chunks = _chunks(plan, weight.shape, weight.element_size())
-        buffer = weight.new_empty(2, chunks[0][1], weight.shape[1], weight.shape[0])
-        gx_spec = g_spec.new_empty(2, n_freq, batch, weight.shape[1] * groups) if need_x else None
-        grad_taps = torch.zeros_like(taps) if need_w else None
-        n_freq = plan.band.kept
+        buffer = weight.new_empty(2, chunks[0][1], weight.shape[0], weight.shape[1])
+        channels = weight.shape[1] * groups
+        gx_spec = g_spec.new_empty(2, g_spec.shape[1], g_spec.shape[2], channels) if need_x else None
+        grad_w = weight.new_zeros(weight.shape[0] * weight.shape[1], plan.filter_analysis.shape[1]) if need_w else None
         for f0, f1 in chunks:
             if need_x:
-                w_spec = _filter_chunk(plan, taps, f0, f1, buffer)
+                w_spec = _filter_chunk(plan, weight, f0, f1, buffer)
                 _mix_grad_input(gx_spec[:, f0:f1], g_spec[:, f0:f1], w_spec, groups)
             if need_w:
                 gw_spec = buffer[:, : f1 - f0]
                 _mix_grad_filter(gw_spec, x_spec[:, f0:f1], g_spec[:, f0:f1], groups)
-                fc = f1 - f0
-                grad_taps.addmm_(plan.filter_analysis_t[:, f0:f1], gw_spec[0].view(fc, -1))
-                grad_taps.addmm_(plan.filter_analysis_t[:, n_freq + f0 : n_freq + f1], gw_spec[1].view(fc, -1))
+                _accumulate_filter_grad(grad_w, plan, gw_spec, f0, f1)
         grad_x = _analyse_adjoint(gx_spec, plan, plan.geometry.in_size[0]) if need_x else None
-        grad_w = None
-        if need_w:
-            kh, kw = weight.shape[2:]
-            grad_w = grad_taps.view(kh, kw, weight.shape[1], weight.shape[0]).permute(3, 2, 0, 1)
-        return grad_x, grad_w, None
+        return grad_x, grad_w.view(weight.shape) if need_w else None, None
 
 
 def _dtypes(input: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
