@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PADDING_MODES", "ConvGeometry", "resolve_geometry"]
+__all__ = ["PADDING_MODES", "ConvGeometry", "fft_grid", "resolve_geometry"]
 
 PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 
@@ -236,3 +236,46 @@ def resolve_geometry(
         groups=groups,
         padding_mode=padding_mode,
     )
+
+
+def fft_grid(
+    input_size: Sequence[int],
+    kernel_size: Sequence[int],
+    padding: IntOrTuple | str,
+    dilation: IntOrTuple = 1,
+) -> tuple[int, int]:
+    """The FFT grid (padded input size) of a convolution, as ``(H, W)`` (``(1, L)`` in 1-D).
+
+    This is the grid on which :func:`~lightning_bandlimit.functional.spectral_band` defines the
+    kept band, so ``spectral_band(fft_grid(...), c).compression`` is the achieved rate.
+
+    Args:
+        input_size: spatial size of the input, ``(H, W)`` or ``(L,)``.
+        kernel_size: ``(kH, kW)`` or ``(k,)``.
+        padding: as in ``F.conv2d``: int, tuple, ``"same"`` or ``"valid"``.
+        dilation: int or tuple.
+
+    Raises:
+        ValueError: if the sizes and padding do not fit together.
+
+    Example:
+        >>> fft_grid((32, 32), (3, 3), 1)
+        (34, 34)
+        >>> fft_grid((50,), (4,), "same")
+        (1, 53)
+    """
+    dims = len(input_size)
+    if dims not in (1, 2) or len(kernel_size) != dims:
+        raise ValueError(
+            f"expected input_size and kernel_size of 1 or 2 spatial dims each, got "
+            f"input_size={tuple(input_size)} and kernel_size={tuple(kernel_size)}"
+        )
+    dilations = _as_tuple("dilation", dilation, dims, 1)
+    if isinstance(padding, str):
+        if padding not in ("same", "valid"):
+            raise ValueError(f"invalid padding string {padding!r}, should be one of ['valid', 'same']")
+        totals = [d * (k - 1) if padding == "same" else 0 for d, k in zip(dilations, kernel_size)]
+    else:
+        totals = [2 * p for p in _as_tuple("padding", padding, dims, 0)]
+    grid = tuple(int(s) + t for s, t in zip(input_size, totals))
+    return (1, grid[0]) if dims == 1 else (grid[0], grid[1])

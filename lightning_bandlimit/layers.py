@@ -1,0 +1,204 @@
+"""``nn.Conv1d`` / ``nn.Conv2d`` twins that convolve in the frequency domain, band-limited.
+
+Each layer subclasses the plain convolution, so parameters, ``state_dict`` keys, ``repr`` and
+every attribute are those of ``nn.Conv2d``; only the forward pass differs, and one attribute,
+``compression``, is added (it is not part of the ``state_dict``: a checkpoint of either model
+loads into the other).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from lightning_bandlimit.functional import check_compression, fft_conv1d, fft_conv2d, fft_grid, spectral_band
+
+__all__ = ["BandLimitedConv1d", "BandLimitedConv2d", "BandLimitedConvNd"]
+
+_Self = TypeVar("_Self", bound="BandLimitedConvNd")
+
+
+class BandLimitedConvNd:
+    """Behaviour shared by :class:`BandLimitedConv1d` and :class:`BandLimitedConv2d`.
+
+    Attributes:
+        compression: requested fraction of spectral coefficients to discard, in ``[0, 1)``;
+            may be changed at any time, it applies from the next forward pass.
+        achieved_compression: the quantised rate actually applied in the last forward pass
+            (``None`` before the first one); it depends on the input size.
+    """
+
+    _plain: type[nn.Module]  # the convolution class this one band-limits
+    _compression: float
+    achieved_compression: float | None
+
+    def _init_bandlimit(self, compression: float) -> None:
+        self.compression = compression
+        self.achieved_compression = None
+
+    @property
+    def compression(self) -> float:
+        return self._compression
+
+    @compression.setter
+    def compression(self, value: float) -> None:
+        self._compression = check_compression(value)
+
+    @classmethod
+    def from_conv(cls: type[_Self], conv: nn.Module, compression: float = 0.0) -> _Self:
+        """A band-limited twin of ``conv`` that shares its ``Parameter`` objects.
+
+        Everything else (buffers, hooks, train/eval mode, user attributes) is copied, so the
+        twin behaves like ``conv`` except for the forward computation.
+
+        Args:
+            conv: an ``nn.Conv2d`` (for :class:`BandLimitedConv2d`) or ``nn.Conv1d``, or a
+                band-limited layer of the same dimensionality.
+            compression: the twin's compression, in ``[0, 1)``.
+
+        Raises:
+            TypeError: if ``conv`` is not a plain convolution of the matching dimensionality.
+            ValueError: if ``compression`` is outside ``[0, 1)``.
+
+        Example:
+            >>> conv = nn.Conv2d(3, 8, 3, padding=1)
+            >>> twin = BandLimitedConv2d.from_conv(conv, compression=0.5)
+            >>> twin.weight is conv.weight, twin.compression
+            (True, 0.5)
+        """
+        if type(conv) not in (cls._plain, cls):
+            raise TypeError(
+                f"{cls.__name__}.from_conv expects an {cls._plain.__module__}.{cls._plain.__name__} "
+                f"(not a subclass) or a {cls.__name__}, got {type(conv).__name__}"
+            )
+        compression = check_compression(compression)
+        twin = cls.__new__(cls)
+        twin.__dict__.update(
+            {k: copy.copy(v) if isinstance(v, (dict, set)) else v for k, v in conv.__dict__.items()}
+        )
+        twin._init_bandlimit(compression)
+        return twin
+
+    def to_conv(self) -> nn.Module:
+        """The plain convolution this layer band-limits, sharing its ``Parameter`` objects.
+
+        The exact inverse of :meth:`from_conv`.
+
+        Example:
+            >>> layer = BandLimitedConv2d(3, 8, 3, compression=0.25)
+            >>> plain = layer.to_conv()
+            >>> type(plain).__name__, plain.weight is layer.weight
+            ('Conv2d', True)
+        """
+        plain = self._plain.__new__(self._plain)
+        plain.__dict__.update(
+            {
+                k: copy.copy(v) if isinstance(v, (dict, set)) else v
+                for k, v in self.__dict__.items()
+                if k not in ("_compression", "achieved_compression")
+            }
+        )
+        return plain
+
+    def _record_band(self, input: torch.Tensor) -> None:
+        spatial = tuple(input.shape[-len(self.kernel_size) :])  # type: ignore[attr-defined]
+        grid = fft_grid(spatial, self.kernel_size, self.padding, self.dilation)  # type: ignore[attr-defined]
+        self.achieved_compression = spectral_band(grid, self._compression).compression
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, compression={self._compression}"  # type: ignore[misc]
+
+
+class BandLimitedConv2d(BandLimitedConvNd, nn.Conv2d):
+    """``nn.Conv2d`` computed in the frequency domain, with the high frequencies dropped.
+
+    Same constructor as ``nn.Conv2d`` plus ``compression``; see
+    :func:`~lightning_bandlimit.functional.fft_conv2d` for what the compression means. At
+    ``compression=0`` the output equals ``nn.Conv2d``'s up to round-off.
+
+    Args:
+        in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+            padding_mode, device, dtype: as ``nn.Conv2d``.
+        compression: fraction of spectral coefficients to discard, in ``[0, 1)``.
+
+    Raises:
+        ValueError: if ``compression`` is outside ``[0, 1)``, or as ``nn.Conv2d``.
+
+    Example:
+        >>> layer = BandLimitedConv2d(3, 8, kernel_size=3, padding=1, compression=0.5)
+        >>> layer(torch.randn(2, 3, 16, 16)).shape
+        torch.Size([2, 8, 16, 16])
+        >>> round(layer.achieved_compression, 2)  # quantised on the 18 x 18 padded grid
+        0.49
+        >>> layer.compression = 0.0  # may change at run time
+    """
+
+    _plain = nn.Conv2d
+
+    def __init__(self, *args: Any, compression: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_bandlimit(compression)
+
+    def _conv_forward(
+        self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        out = fft_conv2d(
+            input,
+            weight,
+            bias,
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.groups,
+            padding_mode=self.padding_mode,
+            compression=self._compression,
+        )
+        self._record_band(input)
+        return out
+
+
+class BandLimitedConv1d(BandLimitedConvNd, nn.Conv1d):
+    """``nn.Conv1d`` computed in the frequency domain, with the high frequencies dropped.
+
+    Same constructor as ``nn.Conv1d`` plus ``compression``; see
+    :func:`~lightning_bandlimit.functional.fft_conv1d`.
+
+    Args:
+        in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
+            padding_mode, device, dtype: as ``nn.Conv1d``.
+        compression: fraction of spectral coefficients to discard, in ``[0, 1)``.
+
+    Raises:
+        ValueError: if ``compression`` is outside ``[0, 1)``, or as ``nn.Conv1d``.
+
+    Example:
+        >>> layer = BandLimitedConv1d(2, 4, kernel_size=5, padding="same", compression=0.75)
+        >>> layer(torch.randn(1, 2, 100)).shape
+        torch.Size([1, 4, 100])
+    """
+
+    _plain = nn.Conv1d
+
+    def __init__(self, *args: Any, compression: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_bandlimit(compression)
+
+    def _conv_forward(
+        self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        out = fft_conv1d(
+            input,
+            weight,
+            bias,
+            self.stride,
+            self.padding,
+            self.dilation,
+            self.groups,
+            padding_mode=self.padding_mode,
+            compression=self._compression,
+        )
+        self._record_band(input)
+        return out

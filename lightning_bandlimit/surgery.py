@@ -1,0 +1,182 @@
+"""Swap a model's convolutions for band-limited twins, and back, in place.
+
+The swap changes the class of each selected ``nn.Conv1d`` / ``nn.Conv2d`` module object to its
+band-limited subclass; the objects themselves stay. So parameters, buffers, hooks (and the
+handles that remove them), device, dtype, train/eval mode, ``state_dict`` keys, an optimizer
+built earlier and any reference the user holds all stay valid, and :func:`unbandlimit` is an
+exact inverse.
+
+Which convolutions are converted: modules whose type is exactly ``nn.Conv1d`` or ``nn.Conv2d``
+(subclasses may override ``forward`` and are left alone; transposed convolutions are not
+convolutions of this kind), selected by ``include`` / ``exclude`` glob patterns over their
+qualified names. **1x1 convolutions are skipped by default** (``pointwise=False``): they have no
+spatial extent, so in the frequency domain they cost the same channel mixing as directly plus
+two transforms, and band-limiting one only low-passes its input. ResNet's 1x1 downsampling
+shortcuts therefore stay plain unless ``pointwise=True``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterator, Sequence
+
+from torch import nn
+
+from lightning_bandlimit.functional import check_compression
+from lightning_bandlimit.layers import BandLimitedConv1d, BandLimitedConv2d, BandLimitedConvNd
+
+__all__ = ["bandlimit", "bandlimited_layers", "set_compression", "unbandlimit"]
+
+_TWINS: dict[type[nn.Module], type[BandLimitedConvNd]] = {
+    nn.Conv1d: BandLimitedConv1d,
+    nn.Conv2d: BandLimitedConv2d,
+}
+
+Patterns = str | Sequence[str] | None
+
+
+def _patterns(name: str, value: Patterns) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, Sequence) and all(isinstance(p, str) for p in value):
+        return tuple(value)
+    raise TypeError(f"{name} must be a glob pattern or a sequence of them, got {value!r}")
+
+
+def _selected(qualified_name: str, include: tuple[str, ...] | None, exclude: tuple[str, ...] | None) -> bool:
+    if include is not None and not any(fnmatch.fnmatchcase(qualified_name, p) for p in include):
+        return False
+    return not (exclude and any(fnmatch.fnmatchcase(qualified_name, p) for p in exclude))
+
+
+def bandlimited_layers(
+    model: nn.Module, *, include: Patterns = None, exclude: Patterns = None
+) -> Iterator[tuple[str, BandLimitedConvNd]]:
+    """Iterate over ``(qualified_name, layer)`` for the band-limited layers of ``model``.
+
+    Args:
+        model: any module (the model itself counts when it is a band-limited layer).
+        include: glob patterns over qualified names; only matching layers are yielded.
+        exclude: glob patterns over qualified names; matching layers are skipped.
+
+    Raises:
+        TypeError: if a pattern argument is not a string or a sequence of strings.
+
+    Example:
+        >>> model = bandlimit(nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3)), 0.5)
+        >>> [name for name, _ in bandlimited_layers(model)]
+        ['0', '2']
+    """
+    inc, exc = _patterns("include", include), _patterns("exclude", exclude)
+    for name, module in model.named_modules():
+        if isinstance(module, BandLimitedConvNd) and _selected(name, inc, exc):
+            yield name, module
+
+
+def bandlimit(
+    model: nn.Module,
+    compression: float = 0.0,
+    *,
+    include: Patterns = None,
+    exclude: Patterns = None,
+    pointwise: bool = False,
+) -> nn.Module:
+    """Band-limit ``model``'s convolutions in place (see the module docstring for which).
+
+    Args:
+        model: the model to convert; it is modified in place and returned.
+        compression: the compression of the converted layers, in ``[0, 1)``. Layers that were
+            band-limited already keep theirs (use :func:`set_compression`).
+        include: glob patterns over qualified module names (``"layer1.*"``); only matching
+            convolutions are converted.
+        exclude: glob patterns; matching convolutions are not converted.
+        pointwise: also convert 1x1 convolutions.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        ValueError: if ``compression`` is outside ``[0, 1)``.
+        TypeError: if a pattern argument is not a string or a sequence of strings.
+
+    Example:
+        >>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 1))
+        >>> bandlimit(model, 0.5)
+        Sequential(
+          (0): BandLimitedConv2d(3, 8, kernel_size=(3, 3), stride=(1, 1), compression=0.5)
+          (1): ReLU()
+          (2): Conv2d(8, 4, kernel_size=(1, 1), stride=(1, 1))
+        )
+        >>> unbandlimit(model)[0]
+        Conv2d(3, 8, kernel_size=(3, 3), stride=(1, 1))
+    """
+    compression = check_compression(compression)
+    if not isinstance(pointwise, bool):
+        raise TypeError(f"pointwise must be a bool, got {pointwise!r}")
+    inc, exc = _patterns("include", include), _patterns("exclude", exclude)
+    chosen = [
+        module
+        for name, module in model.named_modules()
+        if type(module) in _TWINS
+        and _selected(name, inc, exc)
+        and (pointwise or any(k != 1 for k in module.kernel_size))  # type: ignore[union-attr]
+    ]
+    for module in chosen:
+        module.__class__ = _TWINS[type(module)]  # type: ignore[assignment]
+        module._init_bandlimit(compression)  # type: ignore[operator]
+    return model
+
+
+def unbandlimit(model: nn.Module) -> nn.Module:
+    """Turn every band-limited layer of ``model`` back into its plain convolution, in place.
+
+    The exact inverse of :func:`bandlimit`: the same module objects, parameters and hooks.
+
+    Args:
+        model: the model to convert; it is modified in place and returned.
+
+    Returns:
+        ``model``.
+
+    Example:
+        >>> model = bandlimit(nn.Sequential(nn.Conv1d(2, 2, 3)), 0.25)
+        >>> type(unbandlimit(model)[0]).__name__
+        'Conv1d'
+    """
+    chosen = [module for _, module in bandlimited_layers(model)]
+    for module in chosen:
+        del module._compression, module.achieved_compression
+        module.__class__ = module._plain
+    return model
+
+
+def set_compression(
+    model: nn.Module, compression: float, *, include: Patterns = None, exclude: Patterns = None
+) -> int:
+    """Set the compression of ``model``'s band-limited layers (all, or the selected ones).
+
+    Args:
+        model: a model with band-limited layers.
+        compression: the new compression, in ``[0, 1)``.
+        include: glob patterns over qualified names; only matching layers are set.
+        exclude: glob patterns; matching layers are left alone.
+
+    Returns:
+        The number of layers set (0 when the model has no band-limited layers).
+
+    Raises:
+        ValueError: if ``compression`` is outside ``[0, 1)``.
+        TypeError: if a pattern argument is not a string or a sequence of strings.
+
+    Example:
+        >>> model = bandlimit(nn.Sequential(nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 3)))
+        >>> set_compression(model, 0.5, exclude="0")
+        1
+    """
+    compression = check_compression(compression)
+    layers = [layer for _, layer in bandlimited_layers(model, include=include, exclude=exclude)]
+    for layer in layers:
+        layer.compression = compression
+    return len(layers)
