@@ -1,0 +1,69 @@
+"""Measure the memory autograd keeps for the backward pass (activation memory).
+
+Counts unique storages, not references: a ReLU output that the next convolution also saves is
+one tensor in memory. Parameters are left out by default: they are alive anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import TracebackType
+
+import torch
+
+__all__ = ["SavedTensorMeter"]
+
+
+class SavedTensorMeter:
+    """Context manager that sums the bytes of the unique storages saved for backward.
+
+    Args:
+        exclude: tensors whose storages are not counted (by default: none; pass
+            ``model.parameters()`` to measure activations only).
+
+    Example:
+        >>> from torch import nn
+        >>> conv = nn.Conv2d(3, 8, 3)
+        >>> x = torch.randn(4, 3, 16, 16, requires_grad=True)
+        >>> with SavedTensorMeter(exclude=conv.parameters()) as meter:
+        ...     out = conv(x)
+        >>> meter.bytes == x.nelement() * x.element_size()  # conv saves its input
+        True
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+        self._excluded = {t.untyped_storage().data_ptr() for t in exclude}
+        self._storages: dict[int, int] = {}
+        self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+
+    @property
+    def bytes(self) -> int:
+        """Total bytes of the unique storages saved so far."""
+        return sum(self._storages.values())
+
+    @property
+    def count(self) -> int:
+        """Number of unique storages saved so far."""
+        return len(self._storages)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+        if pointer not in self._excluded:
+            self._storages[pointer] = storage.nbytes()
+        return tensor
+
+    def __enter__(self) -> SavedTensorMeter:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._hooks is not None
+        self._hooks.__exit__(exc_type, exc, traceback)
+        self._hooks = None
