@@ -80,7 +80,6 @@ def _kept_rows(height: int, half_rows: int) -> int:
     return min(height, 2 * half_rows + 1)
 
 
-@functools.lru_cache(maxsize=4096)
 def spectral_band(grid: tuple[int, int], compression: float) -> SpectralBand:
     """The band kept on ``grid`` at the given compression (quantised to the nearest box).
 
@@ -104,9 +103,19 @@ def spectral_band(grid: tuple[int, int], compression: float) -> SpectralBand:
         True
     """
     compression = check_compression(compression)
-    if len(grid) != 2 or any(not isinstance(n, int) or n < 1 for n in grid):
+    if (
+        not isinstance(grid, (tuple, list))
+        or len(grid) != 2
+        or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in grid)
+    ):
         raise ValueError(f"grid must be two positive integers (H, W), got {grid!r}")
-    height, width = grid
+    # Validated first: the cache would treat False like 0.0.
+    return _spectral_band(int(grid[0]), int(grid[1]), compression)
+
+
+@functools.lru_cache(maxsize=4096)
+def _spectral_band(height: int, width: int, compression: float) -> SpectralBand:
+    grid = (height, width)
     max_half_rows = height // 2
     max_cols = width // 2 + 1
     total = height * max_cols
