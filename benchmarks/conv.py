@@ -52,18 +52,20 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from lightning_bandlimit import BandLimitedConv2d
+from lightning_bandlimit.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.functional import spectral_band
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = "nn.Conv2d"
 TIME_RATIO_AT_C0 = 2.0
 TIME_RATIO_AT_C05 = 1.0
+CONTENTION_WARNING = 0.10  # share of the CPUs used by other processes above which timings are flagged
 
 
 @dataclass(frozen=True)
@@ -170,26 +172,13 @@ def time_step(module: nn.Module, x: torch.Tensor, grad: torch.Tensor, device: to
 
 def saved_tensor_bytes(module: nn.Module, x: torch.Tensor) -> int:
     """Bytes of the unique storages autograd saves for backward in one forward, parameters excluded."""
-    excluded = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    storages: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
-        if ptr not in excluded:
-            storages[ptr] = max(storages.get(ptr, 0), storage.nbytes())
-        return t
-
-    def unpack(t: torch.Tensor) -> torch.Tensor:
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    with SavedTensorMeter(exclude=module.parameters()) as meter:
         out = module(x)
     del out
-    return sum(storages.values())
+    return meter.bytes
 
 
-def check_exactness(candidates: list[Candidate], x: torch.Tensor) -> None:
+def compare_outputs(candidates: list[Candidate], x: torch.Tensor) -> None:
     """Relative max error of each candidate's output against the reference (sanity check)."""
     with torch.no_grad():
         ref = candidates[0].module(x)
@@ -211,7 +200,7 @@ def run_layer(
     with torch.no_grad():
         grad = torch.randn_like(candidates[0].module(x))
 
-    check_exactness(candidates, x)
+    compare_outputs(candidates, x)
     for cand in candidates:
         cand.saved_bytes = saved_tensor_bytes(cand.module, x)
     for _ in range(warmup):
@@ -379,7 +368,7 @@ def git_commit() -> str | None:
         done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
 
 
 def git_dirty() -> bool | None:
@@ -389,6 +378,48 @@ def git_dirty() -> bool | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return bool(done.stdout.strip()) if done.returncode == 0 else None
+
+
+def system_cpu_seconds() -> float | None:
+    """Busy CPU seconds of the whole machine so far (all cores, from ``/proc/stat``), or ``None``."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError, IndexError):
+        return None
+    busy = sum(ticks) - ticks[3] - ticks[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """CPU seconds used by this process (all threads)."""
+    t = os.times()
+    return t.user + t.system
+
+
+class Contention:
+    """Fraction of the machine's CPU capacity used by *other* processes over an interval."""
+
+    def __init__(self) -> None:
+        self.wall = time.perf_counter()
+        self.system = system_cpu_seconds()
+        self.own = own_cpu_seconds()
+
+    def other_busy_fraction(self) -> float | None:
+        """``(machine busy - own busy) / (wall * cores)`` since construction, or ``None``."""
+        system = system_cpu_seconds()
+        if system is None or self.system is None:
+            return None
+        wall = time.perf_counter() - self.wall
+        other = (system - self.system) - (own_cpu_seconds() - self.own)
+        return max(0.0, other / (wall * (os.cpu_count() or 1))) if wall > 0 else None
+
+
+def probe_contention(seconds: float = 0.5) -> float | None:
+    """Other processes' share of the CPUs over a short idle probe."""
+    probe = Contention()
+    time.sleep(seconds)
+    return probe.other_busy_fraction()
 
 
 def available_cores() -> int:
@@ -401,13 +432,14 @@ def available_cores() -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default: cpu")
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 7; 3 with --quick)")
     p.add_argument("--warmup", type=int, default=None, help="untimed rounds first (default 2; 1 with --quick)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all available cores)")
     p.add_argument("--batch", type=int, default=None, help="batch size (default 32; 2 with --quick)")
-    p.add_argument("--compressions", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75])
+    p.add_argument("--compressions", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75],
+                   help="compressions to compare (default: 0 0.25 0.5 0.75)")
     p.add_argument("--output", type=Path, default=None, help="JSON path (default benchmarks/results/conv-<device>[-quick].json)")
     p.add_argument("--quick", action="store_true", help="smoke run: batch 2, 3 repeats, 1 warm-up")
     args = p.parse_args(argv)
@@ -446,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__} | {args.device}: {device_name(device)} | threads {torch.get_num_threads()} | "
           f"batch {args.batch} | warm-up {args.warmup} | repeats {args.repeats} | "
           f"c in {' '.join(f'{c:g}' for c in args.compressions)}", flush=True)
+    busy_before = probe_contention()
+    contention = Contention()
     specs = {spec.name: spec for spec in LAYERS}
     results: dict[str, list[Candidate]] = {}
     started = time.perf_counter()
@@ -454,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         results[spec.name] = run_layer(spec, args.compressions, args.batch, args.warmup, args.repeats, device)
         print(f"[{i}/{len(LAYERS)}] {spec.name}: {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
     elapsed = time.perf_counter() - started
+    busy_during = contention.other_busy_fraction()
 
     text, totals = report(results, args.compressions, args.repeats)
     verdicts = evaluate_targets(results, args.compressions)
@@ -463,6 +498,12 @@ def main(argv: list[str] | None = None) -> int:
     scope_width = max(len(v["scope"]) for v in verdicts)
     for v in verdicts:
         print(f"{v['verdict']:<4}  {v['target']:<46}  {v['scope']:<{scope_width}}  {v['detail']}")
+    busy = [b for b in (busy_before, busy_during) if b is not None]
+    if busy and max(busy) > CONTENTION_WARNING:
+        shown = ", ".join(f"{name}: {'n/a' if b is None else format(b, '.0%')}"
+                          for name, b in (("before", busy_before), ("during the run", busy_during)))
+        print(f"\nWARNING: other processes used up to {max(busy):.0%} of the CPUs ({shown}); "
+              "CPU timings are skewed.")
     worst = [c for cands in results.values() for c in cands[1:] if c.compression == 0.0 and c.max_rel_err is not None]
     if worst:
         print(f"\nSanity: max relative output error at c=0 vs {REFERENCE}: {max(c.max_rel_err for c in worst):.2e}")
@@ -477,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
             "compressions": args.compressions, "dtype": "float32", "tf32": False if device.type == "cuda" else None,
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "git_commit": git_commit(), "git_dirty": git_dirty(), "elapsed_s": elapsed,
+            "other_cpu_busy_before": busy_before, "other_cpu_busy_during": busy_during,
             "timing": "median over repeats of perf_counter(forward + backward(grad)), candidates interleaved per round",
             "bytes": "unique storages packed by saved_tensors_hooks in one forward, parameter storages excluded",
         },

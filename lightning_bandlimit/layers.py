@@ -9,6 +9,7 @@ loads into the other).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
@@ -32,8 +33,30 @@ class BandLimitedConvNd:
     """
 
     _plain: type[nn.Module]  # the convolution class this one band-limits
+    _functional: Callable[..., torch.Tensor]  # fft_conv1d or fft_conv2d
     _compression: float
     achieved_compression: float | None
+
+    def __init__(self, *args: Any, compression: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_bandlimit(compression)
+
+    def _conv_forward(
+        self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        out = type(self)._functional(
+            input,
+            weight,
+            bias,
+            self.stride,  # type: ignore[attr-defined]
+            self.padding,  # type: ignore[attr-defined]
+            self.dilation,  # type: ignore[attr-defined]
+            self.groups,  # type: ignore[attr-defined]
+            padding_mode=self.padding_mode,  # type: ignore[attr-defined]
+            compression=self._compression,
+        )
+        self._record_band(input)
+        return out
 
     def _init_bandlimit(self, compression: float) -> None:
         self.compression = compression
@@ -137,27 +160,7 @@ class BandLimitedConv2d(BandLimitedConvNd, nn.Conv2d):
     """
 
     _plain = nn.Conv2d
-
-    def __init__(self, *args: Any, compression: float = 0.0, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._init_bandlimit(compression)
-
-    def _conv_forward(
-        self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        out = fft_conv2d(
-            input,
-            weight,
-            bias,
-            self.stride,
-            self.padding,
-            self.dilation,
-            self.groups,
-            padding_mode=self.padding_mode,
-            compression=self._compression,
-        )
-        self._record_band(input)
-        return out
+    _functional = staticmethod(fft_conv2d)
 
 
 class BandLimitedConv1d(BandLimitedConvNd, nn.Conv1d):
@@ -181,24 +184,4 @@ class BandLimitedConv1d(BandLimitedConvNd, nn.Conv1d):
     """
 
     _plain = nn.Conv1d
-
-    def __init__(self, *args: Any, compression: float = 0.0, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._init_bandlimit(compression)
-
-    def _conv_forward(
-        self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        out = fft_conv1d(
-            input,
-            weight,
-            bias,
-            self.stride,
-            self.padding,
-            self.dilation,
-            self.groups,
-            padding_mode=self.padding_mode,
-            compression=self._compression,
-        )
-        self._record_band(input)
-        return out
+    _functional = staticmethod(fft_conv1d)
