@@ -20,6 +20,7 @@ def test_main_prints_a_side_by_side_table(capsys: pytest.CaptureFixture[str]) ->
     assert [r.compression for r in results] == [0.0, 0.5]
     assert results[0].achieved_compression == 0.0 and 0.4 < results[1].achieved_compression < 0.6
     assert results[1].saved_activation_mib < results[0].saved_activation_mib
+    assert 0 < results[1].saved_by_convs_mib < 0.7 * results[0].saved_by_convs_mib
     assert all(0.0 <= r.val_accuracy <= 1.0 and r.step_ms > 0 for r in results)
     out = capsys.readouterr().out
     assert "val acc" in out and "saved act. MiB" in out
