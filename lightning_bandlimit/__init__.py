@@ -13,6 +13,7 @@ Example:
 
 from lightning_bandlimit.functional import fft_conv1d, fft_conv2d, fft_grid, spectral_band
 from lightning_bandlimit.layers import BandLimitedConv1d, BandLimitedConv2d, BandLimitedConvNd
+from lightning_bandlimit.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.surgery import bandlimit, bandlimited_layers, set_compression, unbandlimit
 
 __version__ = "0.1.0"
@@ -21,6 +22,7 @@ __all__ = [
     "BandLimitedConv1d",
     "BandLimitedConv2d",
     "BandLimitedConvNd",
+    "SavedTensorMeter",
     "bandlimit",
     "bandlimited_layers",
     "fft_conv1d",
