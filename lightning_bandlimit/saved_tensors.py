@@ -11,7 +11,7 @@ from types import TracebackType
 
 import torch
 
-__all__ = ["SavedTensorMeter"]
+__all__ = ["SavedTensorMeter", "saved_activation_bytes"]
 
 
 class SavedTensorMeter:
@@ -67,3 +67,44 @@ class SavedTensorMeter:
         assert self._hooks is not None
         self._hooks.__exit__(exc_type, exc, traceback)
         self._hooks = None
+
+
+def saved_activation_bytes(
+    model: torch.nn.Module, *inputs: torch.Tensor, within: Iterable[torch.nn.Module] | None = None
+) -> int:
+    """Bytes autograd saves for backward in one forward of ``model(*inputs)``, parameters excluded.
+
+    Args:
+        model: the model (run as it is: put it in train mode first to measure training).
+        *inputs: its inputs.
+        within: count only tensors saved inside these modules' own forward passes (e.g. the
+            convolutions), not those of the ops around them.
+
+    Example:
+        >>> from torch import nn
+        >>> model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
+        >>> x = torch.randn(2, 3, 8, 8)
+        >>> saved_activation_bytes(model, x, within=[model[0]]) == x.nelement() * 4
+        True
+    """
+    meter = SavedTensorMeter(exclude=model.parameters())
+    if within is None:
+        with meter:
+            model(*inputs)
+        return meter.bytes
+
+    def start(*_: object) -> None:
+        meter.__enter__()
+
+    def stop(*_: object) -> None:
+        meter.__exit__(None, None, None)
+
+    modules = list(within)
+    handles = [m.register_forward_pre_hook(start) for m in modules]
+    handles += [m.register_forward_hook(stop) for m in modules]
+    try:
+        model(*inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return meter.bytes

@@ -1,4 +1,4 @@
 #!/usr/bin/env bash
-# README command 1: the main job (for now the band-limiting demo). Extra arguments go to it.
+# README command 1: the main job (band-limited vs full-spectrum training). Extra arguments go to it.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
-exec python -m lightning_bandlimit.demo "$@"
+exec python -m lightning_bandlimit.main_job "$@"

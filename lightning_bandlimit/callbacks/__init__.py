@@ -1,0 +1,6 @@
+"""Lightning callbacks."""
+
+from lightning_bandlimit.callbacks.band_limit import BandLimit
+from lightning_bandlimit.callbacks.step_timer import StepTimer
+
+__all__ = ["BandLimit", "StepTimer"]

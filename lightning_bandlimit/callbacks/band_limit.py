@@ -1,0 +1,164 @@
+"""``BandLimit``: band-limit an existing Lightning job's convolutions with one callback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
+from lightning_bandlimit.functional import check_compression
+from lightning_bandlimit.layers import BandLimitedConvNd
+from lightning_bandlimit.surgery import Patterns, _patterns, bandlimit, bandlimited_layers, unbandlimit
+
+__all__ = ["BandLimit"]
+
+
+class BandLimit(Callback):
+    """Swap the model's convolutions for band-limited twins when the Trainer sets up.
+
+    No change to the model's code: in ``setup`` every selected ``nn.Conv1d`` / ``nn.Conv2d`` of
+    the LightningModule becomes a band-limited layer in place (same parameters and
+    ``state_dict`` keys, so plain checkpoints load and band-limited checkpoints load into plain
+    models). Layers that are band-limited already and match the patterns are managed too. The
+    compression is part of this callback's state, so a run resumed from a checkpoint continues
+    with the compression it had; it is logged as ``BandLimit/compression`` and the rate
+    actually applied (quantised to each layer's grid, averaged) as
+    ``BandLimit/achieved_compression``. Under DDP every rank swaps the same layers (checked).
+
+    Args:
+        compression: fraction of spectral coefficients to discard, in ``[0, 1)``.
+        include: glob patterns over qualified module names to convert (``"backbone.*"``).
+        exclude: glob patterns of modules to leave alone.
+        pointwise: also convert 1x1 convolutions (skipped by default, see
+            :mod:`lightning_bandlimit.surgery`).
+        restore_on_teardown: turn the layers this callback converted back into plain
+            convolutions when the Trainer tears down (by default the model stays band-limited,
+            and usable either way).
+
+    Raises:
+        ValueError: if ``compression`` is outside ``[0, 1)``.
+        TypeError: if a pattern argument is not a string or a sequence of strings.
+
+    Example:
+        >>> from lightning_bandlimit.models import ImageClassifier
+        >>> from lightning_bandlimit.data import SyntheticImageDataModule
+        >>> model = ImageClassifier("small_cnn", width=8)
+        >>> trainer = pl.Trainer(
+        ...     callbacks=[BandLimit(compression=0.5)], max_steps=2, limit_val_batches=1,
+        ...     logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        ...     enable_model_summary=False,
+        ... )
+        >>> trainer.fit(model, SyntheticImageDataModule(train_size=16, val_size=8, batch_size=8))
+        >>> type(model.backbone[0]).__name__, model.backbone[0].compression
+        ('BandLimitedConv2d', 0.5)
+    """
+
+    def __init__(
+        self,
+        compression: float = 0.5,
+        include: Patterns = None,
+        exclude: Patterns = None,
+        pointwise: bool = False,
+        restore_on_teardown: bool = False,
+    ) -> None:
+        super().__init__()
+        self._compression = check_compression(compression)
+        self.include = _patterns("include", include)
+        self.exclude = _patterns("exclude", exclude)
+        if not isinstance(pointwise, bool) or not isinstance(restore_on_teardown, bool):
+            raise TypeError(
+                f"pointwise and restore_on_teardown must be bools, got {pointwise!r} and "
+                f"{restore_on_teardown!r}"
+            )
+        self.pointwise = pointwise
+        self.restore_on_teardown = restore_on_teardown
+        self._layers: list[BandLimitedConvNd] = []
+        self._converted: list[BandLimitedConvNd] = []
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(include=self.include, exclude=self.exclude)
+
+    @property
+    def compression(self) -> float:
+        """The compression applied to the managed layers; setting it updates them at once."""
+        return self._compression
+
+    @compression.setter
+    def compression(self, value: float) -> None:
+        self._compression = check_compression(value)
+        for layer in self._layers:
+            layer.compression = self._compression
+
+    @property
+    def layers(self) -> list[BandLimitedConvNd]:
+        """The band-limited layers this callback manages (empty before ``setup``)."""
+        return list(self._layers)
+
+    @property
+    def achieved_compression(self) -> float | None:
+        """Mean rate applied by the managed layers in their last forward (``None`` before)."""
+        rates = [layer.achieved_compression for layer in self._layers if layer.achieved_compression is not None]
+        return sum(rates) / len(rates) if rates else None
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self._layers:  # a second stage of the same Trainer: already converted
+            return
+        before = {id(m) for _, m in bandlimited_layers(pl_module)}
+        bandlimit(pl_module, self._compression, include=self.include, exclude=self.exclude, pointwise=self.pointwise)
+        self._layers = [m for _, m in bandlimited_layers(pl_module, include=self.include, exclude=self.exclude)]
+        self._converted = [m for m in self._layers if id(m) not in before]
+        self.compression = self._compression
+        count = len(self._layers)
+        same_everywhere = trainer.strategy.reduce_boolean_decision(
+            count == trainer.strategy.broadcast(count), all=True
+        )
+        if not same_everywhere:
+            raise RuntimeError(
+                f"BandLimit: ranks band-limited different numbers of layers (rank "
+                f"{trainer.global_rank}: {count}); every rank must build the same model"
+            )
+        if count == 0:
+            rank_zero_warn(
+                f"BandLimit found no convolution to band-limit in {type(pl_module).__name__} "
+                f"(include={self.include}, exclude={self.exclude}, pointwise={self.pointwise}); "
+                "training runs with plain convolutions"
+            )
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._log(pl_module, on_step=True)
+
+    @override
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._log(pl_module, on_step=False)
+
+    def _log(self, pl_module: pl.LightningModule, on_step: bool) -> None:
+        if not self._layers:
+            return
+        pl_module.log("BandLimit/compression", self._compression, on_step=on_step, on_epoch=not on_step)
+        achieved = self.achieved_compression
+        if achieved is not None:
+            pl_module.log("BandLimit/achieved_compression", achieved, on_step=on_step, on_epoch=not on_step)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.restore_on_teardown:
+            for layer in self._converted:
+                unbandlimit(layer)
+            self._layers, self._converted = [], []
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"compression": self._compression}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.compression = state_dict.get("compression", self._compression)
