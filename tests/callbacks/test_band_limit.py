@@ -1,0 +1,149 @@
+"""BandLimit: swap in setup, state in checkpoints, logging, teardown, DDP."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+
+from lightning_bandlimit import BandLimitedConv2d, bandlimited_layers
+from lightning_bandlimit.callbacks import BandLimit
+from lightning_bandlimit.data import SyntheticImageDataModule
+from lightning_bandlimit.models import ImageClassifier
+
+
+def _trainer(tmp_path: Path, callbacks: list, **kwargs: object) -> pl.Trainer:
+    defaults = dict(
+        default_root_dir=tmp_path, accelerator="cpu", max_steps=2, limit_val_batches=1,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )
+    defaults.update(kwargs)
+    return pl.Trainer(callbacks=callbacks, **defaults)
+
+
+def _data() -> SyntheticImageDataModule:
+    return SyntheticImageDataModule(train_size=32, val_size=16, test_size=16, batch_size=8)
+
+
+def _model() -> ImageClassifier:
+    return ImageClassifier("small_cnn", width=4)
+
+
+def test_setup_swaps_the_convolutions_and_logs(tmp_path: Path) -> None:
+    model = _model()
+    assert not list(bandlimited_layers(model))
+    callback = BandLimit(compression=0.4)
+    trainer = _trainer(tmp_path, [callback])
+    trainer.fit(model, _data())
+    names = [n for n, _ in bandlimited_layers(model)]
+    assert names == ["backbone.0", "backbone.4", "backbone.8"]
+    assert all(layer.compression == 0.4 for layer in callback.layers)
+    assert trainer.callback_metrics["BandLimit/compression"] == pytest.approx(0.4)
+    assert 0.3 < float(trainer.callback_metrics["BandLimit/achieved_compression"]) < 0.5
+    model(torch.rand(1, 3, 32, 32))  # the model stays usable after teardown
+
+
+def test_compression_setter_updates_layers(tmp_path: Path) -> None:
+    model, callback = _model(), BandLimit(compression=0.2, exclude="backbone.8")
+    _trainer(tmp_path, [callback]).fit(model, _data())
+    callback.compression = 0.7
+    assert [layer.compression for _, layer in bandlimited_layers(model)] == [0.7, 0.7]
+    with pytest.raises(ValueError, match="compression"):
+        callback.compression = 1.0
+
+
+class _StopAfter(pl.Callback):
+    """Interrupt a run (as a pre-emption would) after ``steps`` optimizer steps."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step >= self.steps:
+            trainer.should_stop = True
+
+
+def test_resume_from_checkpoint_continues_with_saved_compression(tmp_path: Path) -> None:
+    model, callback = _model(), BandLimit(compression=0.3)
+    trainer = _trainer(tmp_path, [callback, _StopAfter(2)], max_steps=4)
+    trainer.fit(model, _data())
+    assert trainer.global_step == 2
+    callback.compression = 0.6  # e.g. moved by a controller during the run
+    ckpt = tmp_path / "run.ckpt"
+    trainer.save_checkpoint(ckpt)
+    assert torch.load(ckpt, weights_only=False)["callbacks"][callback.state_key] == {"compression": 0.6}
+
+    resumed_model, resumed = _model(), BandLimit(compression=0.1)
+    trainer = _trainer(tmp_path, [resumed], max_steps=4)
+    trainer.fit(resumed_model, _data(), ckpt_path=ckpt)
+    assert resumed.compression == 0.6
+    assert {layer.compression for _, layer in bandlimited_layers(resumed_model)} == {0.6}
+    assert trainer.global_step == 4
+
+
+def test_plain_checkpoint_loads_into_a_band_limited_run(tmp_path: Path) -> None:
+    plain = _model()
+    trainer = _trainer(tmp_path, [])
+    trainer.fit(plain, _data())
+    ckpt = tmp_path / "plain.ckpt"
+    trainer.save_checkpoint(ckpt)
+    model, callback = _model(), BandLimit(compression=0.5)
+    _trainer(tmp_path, [callback]).validate(model, _data(), ckpt_path=ckpt, verbose=False)
+    assert isinstance(model.backbone[0], BandLimitedConv2d) and callback.compression == 0.5
+    assert torch.equal(model.backbone[0].weight, plain.backbone[0].weight)
+
+
+def test_band_limited_checkpoint_evaluates_with_and_without_band_limiting(tmp_path: Path) -> None:
+    model = _model()
+    trainer = _trainer(tmp_path, [BandLimit(compression=0.5)])
+    trainer.fit(model, _data())
+    ckpt = tmp_path / "bl.ckpt"
+    trainer.save_checkpoint(ckpt)
+    plain = _model()
+    with pytest.warns(UserWarning, match="callbacks used to create the checkpoint"):
+        metrics = _trainer(tmp_path, []).validate(plain, _data(), ckpt_path=ckpt, verbose=False)
+    assert type(plain.backbone[0]) is nn.Conv2d and "val/acc" in metrics[0]
+    banded = _model()
+    metrics = _trainer(tmp_path, [BandLimit(compression=0.1)]).validate(banded, _data(), ckpt_path=ckpt, verbose=False)
+    assert banded.backbone[0].compression == 0.5  # restored from the checkpoint
+    assert torch.equal(banded.backbone[0].weight, plain.backbone[0].weight)
+
+
+def test_restore_on_teardown(tmp_path: Path) -> None:
+    model = _model()
+    _trainer(tmp_path, [BandLimit(compression=0.5, restore_on_teardown=True)]).fit(model, _data())
+    assert not list(bandlimited_layers(model))
+    assert type(model.backbone[0]) is nn.Conv2d
+
+
+def test_warns_when_there_is_nothing_to_band_limit(tmp_path: Path) -> None:
+    model = _model()
+    with pytest.warns(UserWarning, match="found no convolution to band-limit"):
+        _trainer(tmp_path, [BandLimit(include="nothing.*")]).fit(model, _data())
+
+
+def test_argument_checks() -> None:
+    with pytest.raises(ValueError, match="compression"):
+        BandLimit(compression=1.0)
+    with pytest.raises(TypeError, match="include must be"):
+        BandLimit(include=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be bools"):
+        BandLimit(restore_on_teardown="yes")  # type: ignore[arg-type]
+
+
+def test_every_ddp_rank_swaps_identically(tmp_path: Path) -> None:
+    script = Path(__file__).with_name("ddp_band_limit_script.py")
+    env = {**os.environ, "BANDLIMIT_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert reports[0]["world_size"] == reports[1]["world_size"] == 2
+    assert reports[0]["layers"] == reports[1]["layers"] and len(reports[0]["layers"]) == 3
+    assert reports[0]["weights"] == pytest.approx(reports[1]["weights"])  # DDP kept them in sync

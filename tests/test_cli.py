@@ -1,0 +1,92 @@
+"""The lightning-bandlimit command line: recipes, LightningCLI subcommands, checkpoints."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightning_bandlimit.cli import BandLimitCLI, main, recipe_path, recipes
+
+TINY = ["--trainer.max_epochs", "1", "--data.train_size", "32", "--data.val_size", "16",
+        "--data.batch_size", "8", "--model.backbone", "small_cnn", "--model.width", "4",
+        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+
+
+def test_recipes_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["recipes"])
+    out = capsys.readouterr().out
+    assert set(recipes()) == {"quickstart", "cifar10-resnet18"}
+    assert "quickstart" in out and "CIFAR-10" in out
+
+
+def test_unknown_recipe_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", "no-such-recipe"])
+    assert exit_info.value.code == 2
+    assert "no-such-recipe" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="recipes: cifar10-resnet18, quickstart"):
+        recipe_path("no-such-recipe")
+
+
+def test_recipe_by_path_and_by_name_give_the_same_objects(tmp_path: Path) -> None:
+    copy = tmp_path / "mine.yaml"
+    copy.write_text(recipe_path("quickstart").read_text())
+    by_name = BandLimitCLI(args=["--config", "quickstart"], run=False)
+    by_path = BandLimitCLI(args=[f"--config={copy}"], run=False)
+    assert type(by_name.model) is type(by_path.model)
+    assert by_name.datamodule.hparams == by_path.datamodule.hparams
+
+
+def test_short_class_names_resolve() -> None:
+    cli = BandLimitCLI(
+        args=["--model", "ImageClassifier", "--model.backbone", "small_cnn",
+              "--data", "SyntheticImageDataModule", "--trainer.callbacks+=BandLimit",
+              "--trainer.callbacks.compression", "0.3"],
+        run=False,
+    )
+    assert type(cli.model).__name__ == "ImageClassifier"
+    band = [cb for cb in cli.trainer.callbacks if type(cb).__name__ == "BandLimit"]
+    assert len(band) == 1 and band[0].compression == 0.3
+
+
+def test_cifar10_recipe_reads_a_local_folder(tmp_path: Path) -> None:
+    from lightning_bandlimit.data import write_fake_cifar10
+
+    folder = write_fake_cifar10(tmp_path / "cifar")
+    cli = BandLimitCLI(args=["--config", "cifar10-resnet18", "--data.data_dir", str(folder),
+                             "--data.val_size", "10", "--data.num_workers", "0"], run=False)
+    cli.datamodule.setup("fit")
+    assert len(cli.datamodule.val_dataloader().dataset) == 10
+
+
+def test_fit_then_validate_with_and_without_band_limiting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    main(["fit", "--config", "quickstart", *TINY])
+    run = tmp_path / "runs" / "quickstart" / "lightning_logs" / "version_0"
+    assert (run / "metrics.csv").is_file() and (run / "config.yaml").is_file()
+    ckpt = run / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+    assert "BandLimit/compression" in (run / "metrics.csv").read_text().splitlines()[0]
+    banded = BandLimitCLI(args=["validate", "--config", "quickstart", *TINY, "--ckpt_path", str(ckpt)])
+    assert type(banded.model.backbone[0]).__name__ == "BandLimitedConv2d"
+    plain = BandLimitCLI(args=["validate", "--config", "quickstart", *TINY, "--ckpt_path", str(ckpt), "--trainer.callbacks=[]"])
+    assert type(plain.model.backbone[0]).__name__ == "Conv2d"
+    assert "val/acc" in plain.trainer.callback_metrics
+
+
+def test_module_entry_point_and_print_config() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightning_bandlimit", "fit", "--config", "quickstart", "--print_config"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "lightning_bandlimit.callbacks.BandLimit" in proc.stdout
+    assert "LightningCLI's args parameter" not in proc.stderr
+
+
+def test_console_script_is_installed() -> None:
+    script = Path(sys.executable).parent / "lightning-bandlimit"
+    assert script.is_file()
+    proc = subprocess.run([str(script), "recipes"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "quickstart" in proc.stdout
