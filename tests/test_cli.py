@@ -90,3 +90,12 @@ def test_console_script_is_installed() -> None:
     assert script.is_file()
     proc = subprocess.run([str(script), "recipes"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "quickstart" in proc.stdout
+
+
+@pytest.mark.parametrize("recipe", ["quickstart", "cifar10-resnet18"])
+def test_recipe_compression_can_be_set_from_the_command_line(recipe: str) -> None:
+    cli = BandLimitCLI(args=["--config", recipe, "--trainer.callbacks.compression", "0.9",
+                             "--data.init_args.num_workers", "0"] if recipe.startswith("cifar") else
+                       ["--config", recipe, "--trainer.callbacks.compression", "0.9"], run=False)
+    band = [cb for cb in cli.trainer.callbacks if type(cb).__name__ == "BandLimit"]
+    assert len(band) == 1 and band[0].compression == 0.9
