@@ -99,3 +99,15 @@ def test_recipe_compression_can_be_set_from_the_command_line(recipe: str) -> Non
                        ["--config", recipe, "--trainer.callbacks.compression", "0.9"], run=False)
     band = [cb for cb in cli.trainer.callbacks if type(cb).__name__ == "BandLimit"]
     assert len(band) == 1 and band[0].compression == 0.9
+
+
+def test_optimizer_and_scheduler_are_configurable_the_lightningcli_way() -> None:
+    with pytest.warns(UserWarning, match="configure_optimizers` will be overridden"):
+        cli = BandLimitCLI(
+            args=["--config", "quickstart", "--optimizer", "Adam", "--optimizer.lr", "0.003",
+                  "--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "5"],
+            run=False,
+        )
+    optimizers, schedulers = cli.model.configure_optimizers()
+    assert type(optimizers[0]).__name__ == "Adam" and optimizers[0].defaults["lr"] == 0.003
+    assert type(schedulers[0]).__name__ == "StepLR" and schedulers[0].step_size == 5
