@@ -25,7 +25,7 @@ from torch import nn
 from lightning_bandlimit.functional import check_compression
 from lightning_bandlimit.layers import BandLimitedConv1d, BandLimitedConv2d, BandLimitedConvNd
 
-__all__ = ["bandlimit", "bandlimited_layers", "set_compression", "unbandlimit"]
+__all__ = ["bandlimit", "bandlimited_layers", "normalize_patterns", "set_compression", "unbandlimit"]
 
 _TWINS: dict[type[nn.Module], type[BandLimitedConvNd]] = {
     nn.Conv1d: BandLimitedConv1d,
@@ -35,7 +35,20 @@ _TWINS: dict[type[nn.Module], type[BandLimitedConvNd]] = {
 Patterns = str | Sequence[str] | None
 
 
-def _patterns(name: str, value: Patterns) -> tuple[str, ...] | None:
+def normalize_patterns(name: str, value: Patterns) -> tuple[str, ...] | None:
+    """Check an ``include`` / ``exclude`` argument and return it as a tuple (or ``None``).
+
+    Args:
+        name: the argument's name, for the error message.
+        value: ``None``, a glob pattern, or a sequence of them.
+
+    Raises:
+        TypeError: for anything else.
+
+    Example:
+        >>> normalize_patterns("include", "layer1.*")
+        ('layer1.*',)
+    """
     if value is None:
         return None
     if isinstance(value, str):
@@ -69,7 +82,7 @@ def bandlimited_layers(
         >>> [name for name, _ in bandlimited_layers(model)]
         ['0', '2']
     """
-    inc, exc = _patterns("include", include), _patterns("exclude", exclude)
+    inc, exc = normalize_patterns("include", include), normalize_patterns("exclude", exclude)
     for name, module in model.named_modules():
         if isinstance(module, BandLimitedConvNd) and _selected(name, inc, exc):
             yield name, module
@@ -115,7 +128,7 @@ def bandlimit(
     compression = check_compression(compression)
     if not isinstance(pointwise, bool):
         raise TypeError(f"pointwise must be a bool, got {pointwise!r}")
-    inc, exc = _patterns("include", include), _patterns("exclude", exclude)
+    inc, exc = normalize_patterns("include", include), normalize_patterns("exclude", exclude)
     chosen = [
         module
         for name, module in model.named_modules()

@@ -11,7 +11,7 @@ from typing_extensions import override
 
 from lightning_bandlimit.functional import check_compression
 from lightning_bandlimit.layers import BandLimitedConvNd
-from lightning_bandlimit.surgery import Patterns, _patterns, bandlimit, bandlimited_layers, unbandlimit
+from lightning_bandlimit.surgery import Patterns, bandlimit, bandlimited_layers, normalize_patterns, unbandlimit
 
 __all__ = ["BandLimit"]
 
@@ -66,8 +66,8 @@ class BandLimit(Callback):
     ) -> None:
         super().__init__()
         self._compression = check_compression(compression)
-        self.include = _patterns("include", include)
-        self.exclude = _patterns("exclude", exclude)
+        self.include = normalize_patterns("include", include)
+        self.exclude = normalize_patterns("exclude", exclude)
         if not isinstance(pointwise, bool) or not isinstance(restore_on_teardown, bool):
             raise TypeError(
                 f"pointwise and restore_on_teardown must be bools, got {pointwise!r} and "
