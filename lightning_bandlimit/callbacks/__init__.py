@@ -1,6 +1,7 @@
 """Lightning callbacks."""
 
+from lightning_bandlimit.callbacks.adaptive_band_limit import AdaptiveBandLimit
 from lightning_bandlimit.callbacks.band_limit import BandLimit
 from lightning_bandlimit.callbacks.step_timer import StepTimer
 
-__all__ = ["BandLimit", "StepTimer"]
+__all__ = ["AdaptiveBandLimit", "BandLimit", "StepTimer"]

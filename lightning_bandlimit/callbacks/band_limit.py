@@ -143,10 +143,11 @@ class BandLimit(Callback):
     def _log(self, pl_module: pl.LightningModule, on_step: bool) -> None:
         if not self._layers:
             return
-        pl_module.log("BandLimit/compression", self._compression, on_step=on_step, on_epoch=not on_step)
+        name = type(self).__name__
+        pl_module.log(f"{name}/compression", self._compression, on_step=on_step, on_epoch=not on_step)
         achieved = self.achieved_compression
         if achieved is not None:
-            pl_module.log("BandLimit/achieved_compression", achieved, on_step=on_step, on_epoch=not on_step)
+            pl_module.log(f"{name}/achieved_compression", achieved, on_step=on_step, on_epoch=not on_step)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

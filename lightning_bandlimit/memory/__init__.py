@@ -1,0 +1,29 @@
+"""Memory probes: free memory of the device a job runs on, other processes' use included.
+
+Example:
+    >>> from lightning_bandlimit.memory import ScriptedProbe
+    >>> ScriptedProbe([512], total=1024).read().free_fraction
+    0.5
+"""
+
+from lightning_bandlimit.memory.probes import (
+    CudaProbe,
+    HostMemoryProbe,
+    MemoryProbe,
+    MemoryReading,
+    NVMLProbe,
+    ProbeUnavailable,
+    ScriptedProbe,
+    auto_probe,
+)
+
+__all__ = [
+    "CudaProbe",
+    "HostMemoryProbe",
+    "MemoryProbe",
+    "MemoryReading",
+    "NVMLProbe",
+    "ProbeUnavailable",
+    "ScriptedProbe",
+    "auto_probe",
+]

@@ -1,0 +1,195 @@
+"""AdaptiveBandLimit: scripted co-tenants, resume, OOM backstop, DDP agreement, a real co-tenant."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from lightning_bandlimit import bandlimited_layers
+from lightning_bandlimit.callbacks import AdaptiveBandLimit
+from lightning_bandlimit.data import SyntheticImageDataModule
+from lightning_bandlimit.memory import HostMemoryProbe, ScriptedProbe
+from lightning_bandlimit.models import ImageClassifier
+
+GIB = 1 << 30
+
+
+def _trainer(tmp_path: Path, callbacks: list, max_steps: int, **kwargs: object) -> pl.Trainer:
+    return pl.Trainer(
+        default_root_dir=tmp_path, accelerator="cpu", max_steps=max_steps, limit_val_batches=0,
+        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=callbacks, **kwargs,
+    )
+
+
+def _data(n: int = 64) -> SyntheticImageDataModule:
+    return SyntheticImageDataModule(train_size=n, val_size=8, test_size=8, batch_size=4)
+
+
+def _callback(frees: list[int], **kwargs: object) -> AdaptiveBandLimit:
+    defaults = dict(min_free=0.2, release_free=0.4, check_every_n_steps=1, raise_step=0.3,
+                    lower_step=0.1, release_checks=2, cooldown_checks=1, max_compression=0.9)
+    defaults.update(kwargs)
+    return AdaptiveBandLimit(probe=ScriptedProbe(free=frees, total=1000), **defaults)
+
+
+def test_scripted_cotenant_raises_then_releases(tmp_path: Path) -> None:
+    model = ImageClassifier("small_cnn", width=4)
+    callback = _callback([800] * 3 + [100] * 4 + [800] * 13)
+    trainer = _trainer(tmp_path, [callback], max_steps=20)
+    trainer.fit(model, _data(80))
+    timeline = [d["compression"] for d in callback.decisions]
+    assert len(timeline) == 20
+    assert timeline[:3] == [0.0] * 3
+    assert timeline[3] > 0.0  # raised on the first check under pressure
+    assert all(b >= a for a, b in zip(timeline[3:7], timeline[4:7]))  # only up while it lasts
+    peak = max(timeline)
+    assert peak <= 0.9  # bounded
+    assert timeline[-1] < peak and timeline[-1] == min(timeline[7:])  # released after the co-tenant left
+    assert {layer.compression for _, layer in bandlimited_layers(model)} == {callback.compression}
+    assert {"AdaptiveBandLimit/free_bytes", "AdaptiveBandLimit/decision", "AdaptiveBandLimit/compression"} <= set(
+        trainer.callback_metrics
+    )
+    assert all(d["job_peak_bytes"] > 0 for d in callback.decisions)  # saved-tensor accounting on CPU
+    assert len(callback.controller.model.points) >= 2  # learned memory versus compression
+
+
+def test_checks_only_every_n_steps(tmp_path: Path) -> None:
+    callback = _callback([800] * 100, check_every_n_steps=5)
+    _trainer(tmp_path, [callback], max_steps=12).fit(ImageClassifier("small_cnn", width=4), _data())
+    assert [d["step"] for d in callback.decisions] == [5, 10]
+    assert callback.probe.reads == 2
+
+
+class _StopAfter(pl.Callback):
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step >= self.steps:
+            trainer.should_stop = True
+
+
+def test_resume_continues_with_compression_and_learned_model(tmp_path: Path) -> None:
+    callback = _callback([800] * 2 + [100] * 3)
+    trainer = _trainer(tmp_path, [callback, _StopAfter(5)], max_steps=8)
+    trainer.fit(ImageClassifier("small_cnn", width=4), _data())
+    ckpt = tmp_path / "adaptive.ckpt"
+    trainer.save_checkpoint(ckpt)
+    resumed = _callback([500] * 10)  # hysteresis band: holds
+    model = ImageClassifier("small_cnn", width=4)
+    _trainer(tmp_path, [resumed], max_steps=8).fit(model, _data(), ckpt_path=ckpt)
+    assert resumed.compression == callback.compression > 0
+    assert set(callback.controller.model.points) <= set(resumed.controller.model.points)
+    assert {layer.compression for _, layer in bandlimited_layers(model)} == {callback.compression}
+
+
+class _OutOfMemoryBelow(ImageClassifier):
+    """Simulates a job that only fits from a given compression on."""
+
+    def __init__(self, fits_from: float) -> None:
+        super().__init__("small_cnn", width=4)
+        self.fits_from = fits_from
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        if self.backbone[0].compression < self.fits_from:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return super().training_step(batch, batch_idx)
+
+
+def test_oom_backstop_retries_the_batch_at_higher_compression(tmp_path: Path) -> None:
+    model = _OutOfMemoryBelow(fits_from=0.3)
+    callback = _callback([500] * 10, raise_step=0.3)
+    with pytest.warns(UserWarning, match="out of memory in training_step"):
+        _trainer(tmp_path, [callback], max_steps=3).fit(model, _data())
+    assert callback.compression == pytest.approx(0.3)  # releases stay above what ran out of memory
+    assert [d["reason"] for d in callback.decisions][0] == "oom"
+    assert callback.controller.oom_floor > 0.0
+    assert "training_step" not in model.__dict__  # the guard is removed at teardown
+
+
+def test_oom_backstop_retries_only_once(tmp_path: Path) -> None:
+    model = _OutOfMemoryBelow(fits_from=0.5)
+    callback = _callback([500] * 10, raise_step=0.2)
+    with pytest.warns(UserWarning, match="retrying the batch once"), pytest.raises(torch.cuda.OutOfMemoryError):
+        _trainer(tmp_path, [callback], max_steps=3).fit(model, _data())
+
+
+def test_oom_backstop_can_be_turned_off(tmp_path: Path) -> None:
+    callback = _callback([500] * 10, oom_backstop=False)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        _trainer(tmp_path, [callback], max_steps=3).fit(_OutOfMemoryBelow(fits_from=0.3), _data())
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="check_every_n_steps"):
+        AdaptiveBandLimit(check_every_n_steps=0)
+    with pytest.raises(ValueError, match="probe must be"):
+        AdaptiveBandLimit(probe="nvml-please")
+    with pytest.raises(ValueError, match="release_free"):
+        AdaptiveBandLimit(min_free=0.3, release_free=0.2)
+
+
+def test_ddp_ranks_apply_the_same_compression_on_the_same_step(tmp_path: Path) -> None:
+    script = Path(__file__).with_name("ddp_adaptive_script.py")
+    env = {**os.environ, "BANDLIMIT_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["timeline"] == ranks[1]["timeline"]
+    assert max(c for _, c in ranks[0]["timeline"]) > 0  # rank 1's pressure raised both
+    assert ranks[0]["layers"] == ranks[1]["layers"]
+
+
+_COTENANT = """
+import sys, time, torch
+block = torch.ones(int(sys.argv[1]) // 4, dtype=torch.float32)  # touches every page
+print("holding", flush=True)
+sys.stdin.readline()
+"""
+
+
+class _CoTenant(pl.Callback):
+    """Starts a process that takes ``nbytes`` of RAM at one step and ends it at another."""
+
+    def __init__(self, start: int, stop: int, nbytes: int) -> None:
+        self.start, self.stop, self.nbytes, self.proc = start, stop, nbytes, None
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step == self.start:
+            self.proc = subprocess.Popen([sys.executable, "-c", _COTENANT, str(self.nbytes)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert self.proc.stdout.readline().strip() == "holding"
+        elif trainer.global_step == self.stop:
+            self.release()
+
+    def release(self) -> None:
+        if self.proc is not None:
+            self.proc.communicate(input="\n", timeout=60)
+            self.proc = None
+
+
+def test_real_cotenant_on_host_memory(tmp_path: Path) -> None:
+    probe = HostMemoryProbe()
+    available = probe.read().free
+    if available < 6 * GIB:
+        pytest.skip(f"needs 6 GiB of available memory, has {available / GIB:.1f}")
+    # Thresholds relative to what is free now: a 2 GiB co-tenant crosses min_free.
+    callback = AdaptiveBandLimit(
+        probe=probe, min_free=available - 1 * GIB, release_free=available - GIB // 2,
+        check_every_n_steps=1, raise_step=0.3, lower_step=0.3, release_checks=2, cooldown_checks=1,
+    )
+    cotenant = _CoTenant(start=4, stop=10, nbytes=2 * GIB)
+    try:
+        _trainer(tmp_path, [cotenant, callback], max_steps=20).fit(ImageClassifier("small_cnn", width=4), _data(96))
+    finally:
+        cotenant.release()
+    by_step = {d["step"]: d["compression"] for d in callback.decisions}
+    assert by_step[3] == 0.0
+    assert max(by_step[s] for s in range(5, 11)) > 0.0  # rose while the co-tenant held 2 GiB
+    assert by_step[20] < max(by_step.values())  # and fell after it left

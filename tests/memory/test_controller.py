@@ -1,0 +1,123 @@
+"""CompressionController on scripted headroom traces."""
+
+import random
+
+import pytest
+
+from lightning_bandlimit.memory.controller import CompressionController, MemoryModel
+from lightning_bandlimit.memory.probes import MemoryReading
+
+TOTAL = 1000
+
+
+def _run(controller: CompressionController, frees: list[int], start: float = 0.0) -> list[float]:
+    c, timeline = start, []
+    for free in frees:
+        c = controller.decide(MemoryReading(total=TOTAL, free=free, source="scripted"), c).compression
+        timeline.append(c)
+    return timeline
+
+
+def test_cotenant_rise_then_fall() -> None:
+    ctl = CompressionController(min_free=0.2, release_free=0.4, raise_step=0.2, lower_step=0.1,
+                                release_checks=3, cooldown_checks=2, max_compression=0.8)
+    frees = [700] * 5 + [100] * 6 + [700] * 40
+    timeline = _run(ctl, frees)
+    assert timeline[:5] == [0.0] * 5
+    assert timeline[5] == 0.2  # raised on the first check under pressure
+    assert timeline[10] == 0.8  # fast: one step per check, up to the bound
+    # released only after 3 calm checks and the cooldown, then one lower_step per release
+    assert timeline[11:13] == [0.8, 0.8]
+    lowered = timeline[11:]
+    assert lowered[-1] == 0.0 and all(b <= a for a, b in zip(lowered, lowered[1:]))
+    drops = [round(a - b, 6) for a, b in zip(lowered, lowered[1:]) if b < a]
+    assert drops and all(d == 0.1 for d in drops)
+    assert len(drops) == 8  # 0.8 -> 0.0 in steps of 0.1, slower than the 3-check rise
+
+
+def test_no_oscillation_on_a_noisy_flat_trace() -> None:
+    rng = random.Random(0)
+    ctl = CompressionController(min_free=0.2, release_free=0.4)
+    frees = [int(300 + rng.gauss(0, 30)) for _ in range(500)]  # noisy, inside the hysteresis band
+    assert set(_run(ctl, frees, start=0.3)) == {0.3}
+
+
+def test_noise_around_the_release_level_changes_little() -> None:
+    rng = random.Random(1)
+    ctl = CompressionController(min_free=0.2, release_free=0.4, release_checks=3, cooldown_checks=2)
+    frees = [int(400 + rng.gauss(0, 40)) for _ in range(300)]
+    timeline = _run(ctl, frees, start=0.5)
+    rises = sum(b > a for a, b in zip(timeline, timeline[1:]))
+    assert rises == 0  # never below min_free: nothing to raise for
+    assert timeline[-1] <= 0.5
+
+
+def test_bounds_are_respected() -> None:
+    ctl = CompressionController(min_free=0.2, release_free=0.4, min_compression=0.1, max_compression=0.6)
+    assert max(_run(ctl, [10] * 50, start=0.1)) == 0.6
+    ctl = CompressionController(min_free=0.2, release_free=0.4, min_compression=0.1, max_compression=0.6)
+    assert min(_run(ctl, [990] * 200, start=0.6)) == 0.1
+
+
+def test_jumps_to_the_least_compression_the_learned_model_predicts_to_fit() -> None:
+    ctl = CompressionController(min_free=300, release_free=500, raise_step=0.05, margin=0.0)
+    for c in (0.0, 0.2, 0.4):
+        ctl.model.observe(c, 1000 - 800 * c)  # the job saves 80 bytes per 0.1 of compression
+    decision = ctl.decide(MemoryReading(total=TOTAL, free=60, source="scripted"), 0.0)
+    # deficit 240 bytes -> 0.3 of compression, in one jump rather than 0.05 steps
+    assert decision.reason == "raise" and decision.compression == pytest.approx(0.3)
+
+
+def test_steps_when_the_model_says_compression_does_not_help() -> None:
+    ctl = CompressionController(min_free=200, release_free=400, raise_step=0.1)
+    ctl.model.observe(0.0, 700)
+    ctl.model.observe(0.5, 900)  # e.g. a ResNet, where ReLUs keep inputs alive anyway
+    decision = ctl.decide(MemoryReading(total=TOTAL, free=100, source="scripted"), 0.2)
+    assert decision.compression == pytest.approx(0.3)
+
+
+def test_release_stops_at_the_model_floor() -> None:
+    ctl = CompressionController(min_free=200, release_free=400, lower_step=0.5, release_checks=1, cooldown_checks=0)
+    ctl.model.observe(0.0, 1000)
+    ctl.model.observe(0.8, 200)
+    decision = ctl.decide(MemoryReading(total=TOTAL, free=500, source="scripted"), 0.8)
+    # 100 bytes spare above release_free -> only 0.1 of compression may be given back
+    assert decision.reason == "lower" and decision.compression == pytest.approx(0.7)
+
+
+def test_oom_and_state_round_trip() -> None:
+    ctl = CompressionController(raise_step=0.25, max_compression=0.9)
+    assert ctl.on_oom(0.8) == 0.9
+    ctl.model.observe(0.1, 5.0)
+    ctl.model.observe(0.3, 3.0)
+    copy = CompressionController()
+    copy.load_state_dict(ctl.state_dict())
+    assert copy.model.points == ctl.model.points and copy.model.predict(0.2) == pytest.approx(4.0)
+
+
+def test_memory_model_interpolates_and_needs_two_points() -> None:
+    model = MemoryModel(smoothing=1.0)
+    assert model.predict(0.5) is None
+    model.observe(0.2, 100)
+    model.observe(0.2, 80)  # same bucket: replaced with smoothing 1
+    model.observe(0.6, 40)
+    assert model.predict(0.4) == pytest.approx(60) and model.predict(0.8) == pytest.approx(20)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(min_free=0), dict(min_free=0.3, release_free=0.2), dict(min_free=0.1, release_free=500),
+     dict(min_compression=0.5, max_compression=0.4), dict(raise_step=0), dict(release_checks=0),
+     dict(max_compression=1.0)],
+)
+def test_bad_configuration(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        CompressionController(**kwargs)
+
+
+def test_releases_never_go_below_an_oom_compression() -> None:
+    ctl = CompressionController(min_free=0.2, release_free=0.4, raise_step=0.3, lower_step=0.1,
+                                release_checks=1, cooldown_checks=0)
+    retry = ctl.on_oom(0.2)
+    assert retry == pytest.approx(0.5) and ctl.oom_floor == pytest.approx(0.5)
+    assert set(_run(ctl, [900] * 30, start=retry)) == {0.5}
