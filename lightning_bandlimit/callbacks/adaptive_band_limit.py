@@ -123,9 +123,7 @@ class AdaptiveBandLimit(BandLimit):
         super().setup(trainer, pl_module, stage)
         self._device = trainer.strategy.root_device
         if self.probe is None and self._probe_spec == "auto":
-            self.probe = auto_probe(self._device)
-        if self.probe is None:
-            rank_zero_warn("AdaptiveBandLimit: no memory probe is available; the compression stays fixed")
+            self.probe = auto_probe(self._device)  # warns once itself when it falls back or gives up
         if stage == "fit" and self.oom_backstop:
             if trainer.world_size > 1:
                 rank_zero_info("AdaptiveBandLimit: the out-of-memory backstop is off under multi-process training")

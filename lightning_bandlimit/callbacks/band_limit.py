@@ -133,7 +133,9 @@ class BandLimit(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        self._log(pl_module, on_step=True)
+        # Loggers only write every log_every_n_steps; calling self.log more often costs time.
+        if trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
+            self._log(pl_module, on_step=True)
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
