@@ -188,6 +188,7 @@ class AdaptiveBandLimit(BandLimit):
             "free_bytes": decision.free, "job_peak_bytes": peak,
         }
         self.decisions.append(record)
+        self._log(pl_module, on_step=True)
         name = type(self).__name__
         pl_module.log(f"{name}/free_bytes", float(decision.free), on_step=True, on_epoch=False)
         pl_module.log(f"{name}/decision", _REASON_CODES[decision.reason], on_step=True, on_epoch=False)

@@ -38,7 +38,7 @@ def test_setup_swaps_the_convolutions_and_logs(tmp_path: Path) -> None:
     model = _model()
     assert not list(bandlimited_layers(model))
     callback = BandLimit(compression=0.4)
-    trainer = _trainer(tmp_path, [callback])
+    trainer = _trainer(tmp_path, [callback], log_every_n_steps=1)
     trainer.fit(model, _data())
     names = [n for n, _ in bandlimited_layers(model)]
     assert names == ["backbone.0", "backbone.4", "backbone.8"]
