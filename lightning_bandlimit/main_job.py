@@ -1,8 +1,11 @@
 """The main job: train a recipe band-limited and as a full-spectrum twin, compare them.
 
 ``python -m lightning_bandlimit.main_job`` (README command 1) trains the ``quickstart`` recipe
-twice, once as configured (with its ``BandLimit`` callback) and once with plain convolutions,
-then prints a side-by-side summary and writes everything into one run folder::
+twice, once band-limited and once with plain convolutions, then prints a side-by-side summary
+and writes everything into one run folder. In the band-limited run the recipe's ``BandLimit``
+becomes an :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` whose floor is the
+recipe's compression: with room to spare it changes nothing, and when the machine's memory runs
+short (another job grows) it raises the compression instead of letting the job fail::
 
     runs/main-<timestamp>/
         band-limited/    checkpoints, metrics.csv, config.yaml
@@ -23,7 +26,7 @@ from pathlib import Path
 import lightning
 import torch
 
-from lightning_bandlimit.callbacks import BandLimit, StepTimer
+from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit, StepTimer
 from lightning_bandlimit.cli import BandLimitCLI, recipe_path
 from lightning_bandlimit.saved_tensors import saved_activation_bytes
 
@@ -41,6 +44,7 @@ class VariantResult:
     saved_activation_mib: float
     saved_by_convs_mib: float
     step_ms: float
+    compression_changes: int
     wall_s: float
     checkpoint: str
     log_dir: str
@@ -78,8 +82,17 @@ def train_variant(
     ]
     cli = BandLimitCLI(args=args, run=False)
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
-    if not band_limited:  # trainer.callbacks is a plain list: drop the band-limiting
-        trainer.callbacks[:] = [cb for cb in trainer.callbacks if not isinstance(cb, BandLimit)]
+    # trainer.callbacks is a plain list: drop the band-limiting, or make it memory-aware.
+    recipe_bands = [cb for cb in trainer.callbacks if type(cb) is BandLimit]
+    trainer.callbacks[:] = [cb for cb in trainer.callbacks if type(cb) is not BandLimit]
+    if band_limited:
+        trainer.callbacks.extend(
+            AdaptiveBandLimit(
+                compression=cb.compression, min_compression=cb.compression, include=cb.include,
+                exclude=cb.exclude, pointwise=cb.pointwise,
+            )
+            for cb in recipe_bands
+        )
     timer = StepTimer()
     trainer.callbacks.append(timer)
     band = next((cb for cb in trainer.callbacks if isinstance(cb, BandLimit)), None)
@@ -99,6 +112,9 @@ def train_variant(
         saved_activation_mib=saved_total,
         saved_by_convs_mib=saved_convs,
         step_ms=timer.median_ms or float("nan"),
+        compression_changes=sum(
+            a["compression"] != b["compression"] for a, b in zip(band.decisions, band.decisions[1:])
+        ) if isinstance(band, AdaptiveBandLimit) else 0,
         wall_s=wall,
         checkpoint=getattr(checkpoint, "last_model_path", "") or getattr(checkpoint, "best_model_path", ""),
         log_dir=str(trainer.log_dir),
@@ -108,11 +124,12 @@ def train_variant(
 def _table(results: list[VariantResult]) -> str:
     header = (
         f"{'variant':<14} {'val acc':>7} {'compression':>11} {'achieved':>8} {'saved act. MiB':>14} "
-        f"{'of which convs':>14} {'step ms':>8} {'wall s':>7}"
+        f"{'of which convs':>14} {'step ms':>8} {'c changes':>9} {'wall s':>7}"
     )
     rows = [
         f"{r.variant:<14} {r.val_accuracy:>7.3f} {r.compression:>11.2f} {r.achieved_compression:>8.3f} "
-        f"{r.saved_activation_mib:>14.2f} {r.saved_by_convs_mib:>14.2f} {r.step_ms:>8.1f} {r.wall_s:>7.1f}"
+        f"{r.saved_activation_mib:>14.2f} {r.saved_by_convs_mib:>14.2f} {r.step_ms:>8.1f} "
+        f"{r.compression_changes:>9} {r.wall_s:>7.1f}"
         for r in results
     ]
     return "\n".join([header, *rows])
@@ -159,7 +176,8 @@ def main(recipe: str = "quickstart", output_dir: str = "runs", overrides: list[s
         "saved act. MiB: what autograd keeps for backward in one training forward (unique storages,\n"
         "parameters excluded); of which convs: saved inside the convolutions (plain: their input;\n"
         "band-limited: the kept spectrum). A ReLU keeps its output alive anyway, so in a ResNet the\n"
-        "spectrum adds to the total instead of replacing the input; step ms: median training step."
+        "spectrum adds to the total instead of replacing the input; step ms: median training step;\n"
+        "c changes: compression moves made by AdaptiveBandLimit (memory pressure on this machine)."
     )
     print(f"total wall time {summary['wall_s']:.0f} s; run folder: {run_dir}")
     return run_dir

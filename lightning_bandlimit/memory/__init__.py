@@ -6,6 +6,7 @@ Example:
     0.5
 """
 
+from lightning_bandlimit.memory.controller import CompressionController, Decision, MemoryModel
 from lightning_bandlimit.memory.probes import (
     CudaProbe,
     HostMemoryProbe,
@@ -18,9 +19,12 @@ from lightning_bandlimit.memory.probes import (
 )
 
 __all__ = [
+    "CompressionController",
     "CudaProbe",
+    "Decision",
     "HostMemoryProbe",
     "MemoryProbe",
+    "MemoryModel",
     "MemoryReading",
     "NVMLProbe",
     "ProbeUnavailable",
