@@ -520,6 +520,9 @@ def test_memory_reading() -> None:
 
 def test_exports() -> None:
     assert set(memory.__all__) == {
+        "CompressionController",
+        "Decision",
+        "MemoryModel",
         "CudaProbe",
         "HostMemoryProbe",
         "MemoryProbe",
