@@ -66,18 +66,9 @@ def test_checks_only_every_n_steps(tmp_path: Path) -> None:
     assert callback.probe.reads == 2
 
 
-class _StopAfter(pl.Callback):
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-        if trainer.global_step >= self.steps:
-            trainer.should_stop = True
-
-
-def test_resume_continues_with_compression_and_learned_model(tmp_path: Path) -> None:
+def test_resume_continues_with_compression_and_learned_model(tmp_path: Path, stop_after: type) -> None:
     callback = _callback([800] * 2 + [100] * 3)
-    trainer = _trainer(tmp_path, [callback, _StopAfter(5)], max_steps=8)
+    trainer = _trainer(tmp_path, [callback, stop_after(5)], max_steps=8)
     trainer.fit(ImageClassifier("small_cnn", width=4), _data())
     ckpt = tmp_path / "adaptive.ckpt"
     trainer.save_checkpoint(ckpt)

@@ -57,20 +57,9 @@ def test_compression_setter_updates_layers(tmp_path: Path) -> None:
         callback.compression = 1.0
 
 
-class _StopAfter(pl.Callback):
-    """Interrupt a run (as a pre-emption would) after ``steps`` optimizer steps."""
-
-    def __init__(self, steps: int) -> None:
-        self.steps = steps
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-        if trainer.global_step >= self.steps:
-            trainer.should_stop = True
-
-
-def test_resume_from_checkpoint_continues_with_saved_compression(tmp_path: Path) -> None:
+def test_resume_from_checkpoint_continues_with_saved_compression(tmp_path: Path, stop_after: type) -> None:
     model, callback = _model(), BandLimit(compression=0.3)
-    trainer = _trainer(tmp_path, [callback, _StopAfter(2)], max_steps=4)
+    trainer = _trainer(tmp_path, [callback, stop_after(2)], max_steps=4)
     trainer.fit(model, _data())
     assert trainer.global_step == 2
     callback.compression = 0.6  # e.g. moved by a controller during the run
