@@ -1,0 +1,1 @@
+"""Elastic training building blocks (the ElasticDDPStrategy itself is not written yet)."""
