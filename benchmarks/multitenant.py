@@ -176,7 +176,7 @@ def main() -> None:
     }
     (args.output / "multitenant.json").write_text(json.dumps(report, indent=2))
     plot(results, budget, args.output / "multitenant.png")
-    print(f"job A memory (MiB) by compression: " + ", ".join(f"{c:.1f}:{m / MIB:.0f}" for c, m in zip(*curve)))
+    print("job A memory (MiB) by compression: " + ", ".join(f"{c:.1f}:{m / MIB:.0f}" for c, m in zip(*curve)))
     print(f"budget {budget / MIB:.0f} MiB; co-tenant {b_low / MIB:.0f} -> {b_high / MIB:.0f} MiB and back")
     print(f"{'run':<32} {'both fit':>8} {'steps over':>10} {'min free MiB':>12} {'max c':>6} {'final c':>7} {'val acc':>7}")
     for r in results:
