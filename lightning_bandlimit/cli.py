@@ -17,6 +17,7 @@ from lightning.pytorch.cli import LightningCLI
 import lightning_bandlimit.callbacks  # noqa: F401
 import lightning_bandlimit.data  # noqa: F401
 import lightning_bandlimit.models  # noqa: F401
+import lightning_bandlimit.strategies  # noqa: F401  (registers "elastic_ddp")
 
 __all__ = ["BandLimitCLI", "main", "recipe_path", "recipes"]
 
