@@ -107,8 +107,9 @@ def main(args: list[str] | None = None) -> None:
     """
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["recipes"]:
-        width = max(map(len, recipes()))
-        for name, description in recipes().items():
+        found = recipes()
+        width = max(map(len, found))
+        for name, description in found.items():
             print(f"{name:<{width}}  {description}")
         return
     try:

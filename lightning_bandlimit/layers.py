@@ -20,6 +20,16 @@ from lightning_bandlimit.functional import check_compression, fft_conv1d, fft_co
 __all__ = ["BandLimitedConv1d", "BandLimitedConv2d", "BandLimitedConvNd"]
 
 _Self = TypeVar("_Self", bound="BandLimitedConvNd")
+_BANDLIMIT_ATTRIBUTES = ("_compression", "achieved_compression")
+
+
+def _twin(source: nn.Module, cls: type, skip: tuple[str, ...] = ()) -> Any:
+    """A new ``cls`` object with ``source``'s state: containers copied, their contents shared."""
+    twin = cls.__new__(cls)
+    twin.__dict__.update(
+        {k: copy.copy(v) if isinstance(v, (dict, set)) else v for k, v in source.__dict__.items() if k not in skip}
+    )
+    return twin
 
 
 class BandLimitedConvNd:
@@ -98,10 +108,7 @@ class BandLimitedConvNd:
                 f"(not a subclass) or a {cls.__name__}, got {type(conv).__name__}"
             )
         compression = check_compression(compression)
-        twin = cls.__new__(cls)
-        twin.__dict__.update(
-            {k: copy.copy(v) if isinstance(v, (dict, set)) else v for k, v in conv.__dict__.items()}
-        )
+        twin = _twin(conv, cls)
         twin._init_bandlimit(compression)
         return twin
 
@@ -116,15 +123,7 @@ class BandLimitedConvNd:
             >>> type(plain).__name__, plain.weight is layer.weight
             ('Conv2d', True)
         """
-        plain = self._plain.__new__(self._plain)
-        plain.__dict__.update(
-            {
-                k: copy.copy(v) if isinstance(v, (dict, set)) else v
-                for k, v in self.__dict__.items()
-                if k not in ("_compression", "achieved_compression")
-            }
-        )
-        return plain
+        return _twin(self, self._plain, skip=_BANDLIMIT_ATTRIBUTES)  # type: ignore[arg-type]
 
     def _record_band(self, input: torch.Tensor) -> None:
         spatial = tuple(input.shape[-len(self.kernel_size) :])  # type: ignore[attr-defined]

@@ -153,7 +153,14 @@ class AdaptiveBandLimit(BandLimit):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self._check(trainer, pl_module)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # logs the outcome
+
+    @override
+    def _should_log(self, trainer: pl.Trainer) -> bool:
+        return super()._should_log(trainer) or self._last_check == trainer.global_step
+
+    def _check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._meter is not None:  # the step ended without a backward (e.g. skipped)
             self._meter.__exit__(None, None, None)
             self._meter = None
@@ -188,7 +195,6 @@ class AdaptiveBandLimit(BandLimit):
             "free_bytes": decision.free, "job_peak_bytes": peak,
         }
         self.decisions.append(record)
-        self._log(pl_module, on_step=True)
         name = type(self).__name__
         pl_module.log(f"{name}/free_bytes", float(decision.free), on_step=True, on_epoch=False)
         pl_module.log(f"{name}/decision", _REASON_CODES[decision.reason], on_step=True, on_epoch=False)

@@ -133,9 +133,12 @@ class BandLimit(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        # Loggers only write every log_every_n_steps; calling self.log more often costs time.
-        if trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
+        if self._should_log(trainer):
             self._log(pl_module, on_step=True)
+
+    def _should_log(self, trainer: pl.Trainer) -> bool:
+        # Loggers only write every log_every_n_steps; calling self.log more often costs time.
+        return trainer.global_step % max(1, trainer.log_every_n_steps) == 0
 
     @override
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

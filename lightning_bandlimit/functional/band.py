@@ -63,7 +63,7 @@ class SpectralBand:
     @property
     def rows(self) -> int:
         """Number of kept rows of the two-sided axis."""
-        return min(self.grid[0], 2 * self.half_rows + 1)
+        return _kept_rows(self.grid[0], self.half_rows)
 
     @property
     def is_full(self) -> bool:
