@@ -163,7 +163,14 @@ class BandLimit(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"compression": self._compression}
+        # include/exclude/pointwise are informational: they let a checkpoint be re-band-limited
+        # outside a Trainer (e.g. by the robustness recipe); loading never changes them.
+        return {
+            "compression": self._compression,
+            "include": list(self.include) if self.include else None,
+            "exclude": list(self.exclude) if self.exclude else None,
+            "pointwise": self.pointwise,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -1,0 +1,1 @@
+"""Recipes built on the library: ``robustness`` (adversarial and frequency-band evaluation)."""
