@@ -1,12 +1,12 @@
-"""Elastic training: scaling rules for a changed world size, an exactly-once elastic sampler, an
-LR schedule driven by samples seen, and ``ElasticDDPStrategy`` (importing this package registers
-it as ``"elastic_ddp"``). So far the strategy rescales the optimizer by rule when a run resumes on
-another world size; it does not yet wire in the sampler, AdaScale, the stability guard, SIGTERM
-checkpoints or automatic resume."""
+"""Elastic training: ``ElasticDDPStrategy`` (importing this package registers it as
+``"elastic_ddp"``) and its parts: scaling rules for a changed world size, an exactly-once elastic
+sampler, an LR schedule driven by samples seen, and the stability guard. Checkpointing for
+torchrun restarts: :class:`lightning_bandlimit.callbacks.ElasticCheckpoint`."""
 
 from lightning_bandlimit.strategies.elastic_ddp import ElasticDDPStrategy, register_elastic_strategies
 from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
 from lightning_bandlimit.strategies.scaling import (
+    AdaScale,
     KeepGlobalBatch,
     LinearScaling,
     MomentumAwareScaling,
@@ -20,8 +20,10 @@ from lightning_bandlimit.strategies.scaling import (
     read_optimizer,
 )
 from lightning_bandlimit.strategies.schedules import SampleSchedule, lr_multiplier, rescale_base_lrs
+from lightning_bandlimit.strategies.stability import StabilityGuard
 
 __all__ = [
+    "AdaScale",
     "ElasticDDPStrategy",
     "ElasticSampler",
     "KeepGlobalBatch",
@@ -30,6 +32,7 @@ __all__ = [
     "SampleSchedule",
     "ScalingRule",
     "SquareRootScaling",
+    "StabilityGuard",
     "TrainingConfig",
     "adascale_gain",
     "apply_to_optimizer",

@@ -14,11 +14,13 @@ reference global batch:
   ``lr / (B (1 - m))`` by moving the momentum within bounds (B proportional to 1 / (1 - m)), and
   the LR for what the bounds do not allow.
 
-AdaScale (Johnson et al. 2020) is not a fixed rule: its gain ``r = (s2 + m2) / (s2 / S + m2)``
-is estimated while training from gradient statistics, see :func:`adascale_gain` and
-:func:`gradient_noise_statistics`.
+* :class:`AdaScale` (Johnson et al. 2020): not a fixed factor. The resize keeps the reference
+  hyperparameters; while training, the strategy multiplies each step's LR by the gain
+  ``r = (s2 + m2) / (s2 / S + m2)`` estimated from gradient statistics across ranks (see
+  :func:`adascale_gain`, :func:`gradient_noise_statistics`) and advances the schedule by ``r``
+  reference steps per step.
 
-Each rule takes a ``damping`` in ``(0, 1]``: the factor actually applied is ``k ** damping``,
+Each rule takes a ``damping`` in ``[0, 1]``: the factor actually applied is ``k ** damping``,
 which the stability guard uses to retry a milder adjustment after a rollback.
 """
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 
 __all__ = [
+    "AdaScale",
     "KeepGlobalBatch",
     "LinearScaling",
     "MomentumAwareScaling",
@@ -88,13 +91,18 @@ class ScalingRule(ABC):
     name: str = "rule"
 
     @abstractmethod
-    def adjust(self, reference: TrainingConfig, world_size: int, damping: float = 1.0) -> TrainingConfig:
+    def adjust(
+        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
+    ) -> TrainingConfig:
         """The configuration to train with on ``world_size`` processes.
 
         Args:
             reference: the configuration the run was planned with.
             world_size: the new number of processes.
-            damping: exponent on the scale factor, in ``(0, 1]``.
+            damping: exponent on the scale factor, in ``[0, 1]`` (0: no rescaling).
+            accumulation: the gradient accumulation the new run was launched with (``None``: the
+                reference's); part of the scale for every rule except :class:`KeepGlobalBatch`,
+                which chooses its own. A larger scale can so be simulated on fewer processes.
 
         Raises:
             ValueError: if ``world_size`` or ``damping`` is out of range, or the rule cannot
@@ -105,8 +113,8 @@ class ScalingRule(ABC):
     def _factor(reference: TrainingConfig, world_size: int, accumulation: int, damping: float) -> float:
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
-        if not 0 < damping <= 1:
-            raise ValueError(f"damping must be in (0, 1], got {damping}")
+        if not 0 <= damping <= 1:
+            raise ValueError(f"damping must be in [0, 1], got {damping}")
         k = world_size * reference.per_device_batch * accumulation / reference.global_batch
         return k**damping
 
@@ -134,9 +142,12 @@ class LinearScaling(ScalingRule):
             raise ValueError(f"warmup_steps must be non-negative, got {warmup_steps}")
         self.warmup_steps = warmup_steps
 
-    def adjust(self, reference: TrainingConfig, world_size: int, damping: float = 1.0) -> TrainingConfig:
-        k = self._factor(reference, world_size, reference.accumulation, damping)
-        new = replace(reference, world_size=world_size, lr=reference.lr * k)
+    def adjust(
+        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
+    ) -> TrainingConfig:
+        accumulation = accumulation or reference.accumulation
+        k = self._factor(reference, world_size, accumulation, damping)
+        new = replace(reference, world_size=world_size, accumulation=accumulation, lr=reference.lr * k)
         return replace(new, warmup_samples=self.warmup_steps * new.global_batch if k > 1 else 0)
 
 
@@ -162,13 +173,18 @@ class SquareRootScaling(ScalingRule):
             raise ValueError(f"max_beta must be in (0, 1), got {max_beta}")
         self.max_beta = max_beta
 
-    def adjust(self, reference: TrainingConfig, world_size: int, damping: float = 1.0) -> TrainingConfig:
+    def adjust(
+        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
+    ) -> TrainingConfig:
         if reference.betas is None:
             raise ValueError("the square-root rule rescales Adam betas, but the optimizer has none")
-        k = self._factor(reference, world_size, reference.accumulation, damping)
+        accumulation = accumulation or reference.accumulation
+        k = self._factor(reference, world_size, accumulation, damping)
         betas = tuple(min(self.max_beta, max(0.0, 1 - k * (1 - b))) for b in reference.betas)
         eps = None if reference.eps is None else reference.eps / math.sqrt(k)
-        return replace(reference, world_size=world_size, lr=reference.lr * math.sqrt(k), betas=betas, eps=eps)  # type: ignore[arg-type]
+        return replace(  # type: ignore[arg-type]
+            reference, world_size=world_size, accumulation=accumulation, lr=reference.lr * math.sqrt(k), betas=betas, eps=eps
+        )
 
 
 class KeepGlobalBatch(ScalingRule):
@@ -197,7 +213,9 @@ class KeepGlobalBatch(ScalingRule):
             raise ValueError(f"max_accumulation must be at least 1, got {max_accumulation}")
         self.max_accumulation = max_accumulation
 
-    def adjust(self, reference: TrainingConfig, world_size: int, damping: float = 1.0) -> TrainingConfig:
+    def adjust(
+        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
+    ) -> TrainingConfig:
         per_step = world_size * reference.per_device_batch
         exact = reference.global_batch / per_step
         candidates = {max(1, min(self.max_accumulation, n)) for n in (math.floor(exact), math.ceil(exact))}
@@ -233,15 +251,57 @@ class MomentumAwareScaling(ScalingRule):
             )
         self.min_momentum, self.max_momentum = min_momentum, max_momentum
 
-    def adjust(self, reference: TrainingConfig, world_size: int, damping: float = 1.0) -> TrainingConfig:
+    def adjust(
+        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
+    ) -> TrainingConfig:
         if reference.momentum is None:
             raise ValueError("the momentum-aware rule needs an SGD momentum, but the optimizer has none")
-        k = self._factor(reference, world_size, reference.accumulation, damping)
+        accumulation = accumulation or reference.accumulation
+        k = self._factor(reference, world_size, accumulation, damping)
         wanted = 1 - (1 - reference.momentum) / k
         momentum = min(self.max_momentum, max(self.min_momentum, wanted))
         # noise scale lr / (B (1 - m)) fixed: lr' = lr * k * (1 - m') / (1 - m)
         lr = reference.lr * k * (1 - momentum) / (1 - reference.momentum)
-        return replace(reference, world_size=world_size, lr=lr, momentum=momentum)
+        return replace(reference, world_size=world_size, accumulation=accumulation, lr=lr, momentum=momentum)
+
+
+class AdaScale(ScalingRule):
+    """AdaScale (Johnson et al. 2020): the LR gain is measured while training, not fixed.
+
+    :meth:`adjust` returns the reference hyperparameters at the new world size (LR, momentum and
+    betas unchanged); :class:`~lightning_bandlimit.strategies.ElasticDDPStrategy` then, at every
+    optimizer step, multiplies the scheduled LR by the gain ``r`` for the scale
+    ``S = global batch / reference global batch`` (``r`` in ``[1, S]`` when ``S >= 1``, in
+    ``[S, 1]`` when ``S < 1``) and advances a :class:`~lightning_bandlimit.strategies.SampleSchedule`
+    by ``r`` reference batches, so the schedule ends after the same amount of *progress* at any
+    scale. The gradient variance is estimated from the ranks' local gradients against the
+    all-reduced one (a DDP communication hook); with a single process the last estimate saved in
+    the checkpoint is used.
+
+    Args:
+        smoothing: weight of the newest estimate in the running averages of the gradient
+            variance and squared mean, in ``(0, 1]``.
+
+    Example:
+        >>> ref = TrainingConfig(world_size=1, per_device_batch=32, lr=0.1, momentum=0.9)
+        >>> new = AdaScale().adjust(ref, world_size=4)
+        >>> new.lr, new.global_batch
+        (0.1, 128)
+    """
+
+    name = "adascale"
+
+    def __init__(self, smoothing: float = 0.1) -> None:
+        if not 0 < smoothing <= 1:
+            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
+        self.smoothing = smoothing
+
+    def adjust(
+        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
+    ) -> TrainingConfig:
+        accumulation = accumulation or reference.accumulation
+        self._factor(reference, world_size, accumulation, damping)  # argument checks
+        return replace(reference, world_size=world_size, accumulation=accumulation, warmup_samples=0)
 
 
 def default_rule(optimizer: torch.optim.Optimizer) -> ScalingRule:
@@ -328,22 +388,30 @@ def gradient_noise_statistics(local_sq_norm: float, global_sq_norm: float, scale
     return sigma2, mu2
 
 
-def adascale_gain(sigma2: float, mu2: float, scale: int) -> float:
-    """AdaScale's gain ``r = (sigma2 + mu2) / (sigma2 / S + mu2)``, clipped to ``[1, S]``.
+def adascale_gain(sigma2: float, mu2: float, scale: float) -> float:
+    """AdaScale's gain ``r = (sigma2 + mu2) / (sigma2 / S + mu2)``, clipped between 1 and ``S``.
 
-    Noisy estimates can make either statistic negative; a non-positive ``mu2`` (all noise) gives
-    the full gain ``S``, a non-positive ``sigma2`` (no noise) gives 1.
+    ``sigma2`` is the gradient variance at the *reference* batch, ``S`` the new global batch over
+    the reference one (below 1 for a smaller batch, giving a gain in ``[S, 1]``). Noisy estimates
+    can make either statistic negative; a non-positive ``mu2`` (all noise) gives the full gain
+    ``S``, a non-positive ``sigma2`` (no noise) gives 1.
+
+    Raises:
+        ValueError: if ``scale`` is not positive.
 
     Example:
         >>> adascale_gain(sigma2=4.0, mu2=1.0, scale=4)
         2.5
         >>> adascale_gain(sigma2=0.0, mu2=1.0, scale=4), adascale_gain(sigma2=1.0, mu2=0.0, scale=4)
         (1.0, 4.0)
+        >>> adascale_gain(sigma2=1.0, mu2=1.0, scale=0.5)
+        0.6666666666666666
     """
-    if scale < 1:
-        raise ValueError(f"scale must be at least 1, got {scale}")
+    if not scale > 0:
+        raise ValueError(f"scale must be positive, got {scale}")
     if sigma2 <= 0:
         return 1.0
     if mu2 <= 0:
         return float(scale)
-    return min(float(scale), max(1.0, (sigma2 + mu2) / (sigma2 / scale + mu2)))
+    low, high = min(1.0, float(scale)), max(1.0, float(scale))
+    return min(high, max(low, (sigma2 + mu2) / (sigma2 / scale + mu2)))

@@ -79,7 +79,8 @@ def test_momentum_aware_needs_momentum_and_valid_bounds() -> None:
 def test_damping_shrinks_the_factor() -> None:
     full, half = LinearScaling().adjust(SGD, 8, damping=1.0), LinearScaling().adjust(SGD, 8, damping=0.5)
     assert full.lr == pytest.approx(0.8) and half.lr == pytest.approx(0.4)  # 4 ** 0.5 = 2
-    for bad in (0.0, 1.5):
+    assert LinearScaling().adjust(SGD, 8, damping=0.0).lr == pytest.approx(SGD.lr)  # the fallback: unscaled
+    for bad in (-0.1, 1.5):
         with pytest.raises(ValueError, match="damping"):
             LinearScaling().adjust(SGD, 8, damping=bad)
     with pytest.raises(ValueError, match="world_size"):

@@ -1,0 +1,71 @@
+"""``ElasticCheckpoint``: checkpoints for jobs that torchrun restarts at any moment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from typing_extensions import override
+
+__all__ = ["ElasticCheckpoint"]
+
+
+class ElasticCheckpoint(ModelCheckpoint):
+    """``last.ckpt`` every N steps and when torchrun stops the workers (SIGTERM).
+
+    torchrun restarts *every* worker when a node joins or leaves, sending SIGTERM first; the new
+    workers must resume from the job's own checkpoint. This ``ModelCheckpoint`` keeps one
+    ``last.ckpt`` in a directory that does not depend on the logger's version (so a relaunch
+    finds it), writes it every ``every_n_train_steps`` and, when Lightning stops training on
+    SIGTERM, once more at that step. Relaunch with ``trainer.fit(..., ckpt_path="last")`` (the
+    ``elastic`` recipe does) to resume from the newest one automatically; without a checkpoint
+    the run starts fresh.
+
+    Args:
+        dirpath: the checkpoint directory; ``None``: ``<default_root_dir>/checkpoints``.
+        every_n_train_steps: optimizer steps between checkpoints.
+        **kwargs: passed to ``ModelCheckpoint`` (``save_last=True`` and ``save_top_k=0`` unless
+            given: only ``last.ckpt`` is kept).
+
+    Raises:
+        ValueError: if ``every_n_train_steps`` is not positive.
+
+    Example:
+        >>> callback = ElasticCheckpoint(dirpath="ckpts", every_n_train_steps=50)
+        >>> callback.save_last, callback._every_n_train_steps
+        (True, 50)
+    """
+
+    def __init__(self, dirpath: str | Path | None = None, every_n_train_steps: int = 50, **kwargs: Any) -> None:
+        if not isinstance(every_n_train_steps, int) or every_n_train_steps < 1:
+            raise ValueError(f"every_n_train_steps must be a positive int, got {every_n_train_steps!r}")
+        kwargs.setdefault("save_last", True)
+        kwargs.setdefault("save_top_k", 0)
+        super().__init__(dirpath=dirpath, every_n_train_steps=every_n_train_steps, **kwargs)
+
+    def _fix_dirpath(self, trainer: pl.Trainer) -> None:
+        if self.dirpath is None:
+            self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._fix_dirpath(trainer)
+        super().setup(trainer, pl_module, stage)
+
+    @override
+    def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
+        self._fix_dirpath(trainer)  # ckpt_path="last" is resolved before setup
+        return super()._find_last_checkpoints(trainer)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException) or trainer.global_step == self._last_global_step_saved:
+            return
+        # Lightning raises SIGTERMException on every rank after the same batch, between steps.
+        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        rank_zero_info(f"ElasticCheckpoint: saved {self.last_model_path} at step {trainer.global_step} on SIGTERM")
