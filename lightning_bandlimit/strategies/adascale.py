@@ -6,7 +6,6 @@ buckets gives the two squared norms from which :func:`gradient_noise_statistics`
 gradient variance and squared mean (McCandlish et al. 2018) at no extra backward pass.
 """
 
-from __future__ import annotations
 
 from typing import Any
 

@@ -180,7 +180,10 @@ class ElasticDDPStrategy(DDPStrategy):
                     "new run in another directory"
                 ) from None
         self.sampler = sampler
-        return _update_dataloader(dataloader, sampler, mode=RunningStage.TRAINING)  # type: ignore[arg-type]
+        loader = _update_dataloader(dataloader, sampler, mode=RunningStage.TRAINING)  # type: ignore[arg-type]
+        # Tells Lightning the loader resumes mid-epoch (it warns otherwise); its position is the sampler's.
+        loader.state_dict, loader.load_state_dict = sampler.state_dict, sampler.load_state_dict  # type: ignore[method-assign]
+        return loader
 
     def _elastic_sampler(self, dataloader: object) -> ElasticSampler:
         if not isinstance(dataloader, DataLoader):
@@ -208,6 +211,7 @@ class ElasticDDPStrategy(DDPStrategy):
         return ElasticSampler(
             len(dataloader.dataset),  # type: ignore[arg-type]
             dataloader.batch_size, num_replicas=self.world_size, rank=self.global_rank, shuffle=shuffle, seed=seed,
+            full_epoch_len=True,
         )
 
     # ------------------------------------------------------------------ checkpoints
@@ -227,6 +231,26 @@ class ElasticDDPStrategy(DDPStrategy):
             raise RuntimeError(
                 f"ElasticDDPStrategy: the checkpoint {self._restored_path} holds a different model than this "
                 f"run's, so it cannot resume it (nothing was written). {error}"
+            ) from None
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
+        for optimizer, state in zip(self.optimizers, checkpoint.get("optimizer_states", [])):
+            saved = {key for group in state.get("param_groups", []) for key in group if key != "params"}
+            mine = {key for group in optimizer.param_groups for key in group if key != "params"}
+            if saved and saved != mine and not ({"betas"} <= saved) == ({"betas"} <= mine):
+                was = "an Adam-family optimizer" if "betas" in saved else "an optimizer without betas"
+                now = "an Adam-family optimizer" if "betas" in mine else "an optimizer without betas"
+                raise ValueError(
+                    f"ElasticDDPStrategy: the checkpoint {self._restored_path} was written with {was} "
+                    f"({type(optimizer).__name__} expected), this run uses {now}; it cannot resume it (nothing was written)"
+                )
+        try:
+            super().load_optimizer_state_dict(checkpoint)
+        except (KeyError, ValueError) as error:
+            raise ValueError(
+                f"ElasticDDPStrategy: the optimizer state in {self._restored_path} does not fit this run's optimizer "
+                f"({type(error).__name__}: {error}); it cannot resume it (nothing was written)"
             ) from None
 
     @override
@@ -324,16 +348,24 @@ class ElasticDDPStrategy(DDPStrategy):
             ) from None
 
     def _rebase_epoch_progress(self, trainer: pl.Trainer) -> None:
-        """Count the resumed epoch's batches from 0: the loader now yields only what is left of it."""
-        if self.sampler is None or not 0 < self.sampler.consumed < self.sampler.dataset_size:
+        """Re-count the resumed epoch's finished batches in batches of *this* world size.
+
+        The loader's length is this rank's whole epoch at the new size (``full_epoch_len``) but it
+        yields only what is left, so Lightning must believe exactly ``whole - left`` batches of
+        the epoch are done, or it ends the epoch early or late.
+        """
+        if self.sampler is None:
             return
+        batch = self.sampler.batch_size
+        whole = math.ceil(self.sampler.remaining(0) / batch)
+        left = math.ceil(self.sampler.remaining() / batch)
         epoch_loop = trainer.fit_loop.epoch_loop
         current = epoch_loop.batch_progress.current
+        done = whole - left
         # reset() then adds one completed batch when the checkpoint was written at a batch's end
-        # and sets ready = started = processed = completed: start from -1 so that all become 0.
-        completed = -1 if epoch_loop.restarted_on_train_batch_end else 0
-        current.ready = current.started = current.processed = max(0, completed)
-        current.completed = completed
+        # and sets ready = started = processed = completed to it.
+        completed = done - 1 if epoch_loop.restarted_on_train_batch_end else done
+        current.ready = current.started = current.processed = current.completed = completed
 
     def _warn_step_schedulers(self, trainer: pl.Trainer) -> None:
         for config in trainer.lr_scheduler_configs:

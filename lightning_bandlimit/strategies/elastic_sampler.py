@@ -66,6 +66,10 @@ class ElasticSampler(Sampler[int]):
         shuffle: permute the samples each epoch; ``False`` keeps ``0, 1, 2, ...``.
         seed: the permutation of epoch ``e`` uses a generator seeded with ``seed + e``; the same
             on every rank.
+        full_epoch_len: make ``len()`` count this rank's share of the *whole* epoch at the
+            current world size, not just what is left (:meth:`remaining`). Training loops that
+            plan a fixed number of batches per epoch from ``len()`` (Lightning's) then keep the
+            right count for the epochs after a mid-epoch resume.
 
     Raises:
         ValueError: if ``dataset_size < 0``, ``batch_size < 1``, ``num_replicas < 1`` or
@@ -94,6 +98,7 @@ class ElasticSampler(Sampler[int]):
         rank: int | None = None,
         shuffle: bool = True,
         seed: int = 0,
+        full_epoch_len: bool = False,
     ) -> None:
         initialised = dist.is_available() and dist.is_initialized()
         if num_replicas is None:
@@ -113,6 +118,7 @@ class ElasticSampler(Sampler[int]):
         self.seed = _check_int("seed", seed, -(2**63))
         self.epoch = 0
         self._consumed = 0
+        self.full_epoch_len = bool(full_epoch_len)
 
     @property
     def consumed(self) -> int:
@@ -232,10 +238,15 @@ class ElasticSampler(Sampler[int]):
         base, extra = divmod(tail, self.num_replicas)
         return self.rank * base + min(self.rank, extra), base + (1 if self.rank < extra else 0)
 
-    def __len__(self) -> int:
-        """Samples this rank yields from the current :attr:`consumed` position to the epoch's end."""
-        full_steps, tail = divmod(self.dataset_size - self._consumed, self.global_batch)
+    def remaining(self, consumed: int | None = None) -> int:
+        """Samples this rank yields from ``consumed`` (default: :attr:`consumed`) to the epoch's end."""
+        start = self._consumed if consumed is None else consumed
+        full_steps, tail = divmod(self.dataset_size - start, self.global_batch)
         return full_steps * self.batch_size + self._tail_chunk(tail)[1]
+
+    def __len__(self) -> int:
+        """:meth:`remaining`, or this rank's whole epoch (``remaining(0)``) with ``full_epoch_len``."""
+        return self.remaining(0 if self.full_epoch_len else None)
 
     def __iter__(self) -> Iterator[int]:
         """This rank's indices from :attr:`consumed` on, fixed when the iterator is created."""

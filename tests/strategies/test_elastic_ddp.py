@@ -1,6 +1,12 @@
-"""ElasticDDPStrategy: real gloo processes resized 2 -> 1 and 1 -> 2 through checkpoint-restart."""
+"""ElasticDDPStrategy with real gloo processes resized through checkpoint-restart.
+
+Every launch runs ``elastic_run_script.py`` in a subprocess (Lightning starts the other ranks);
+each rank reports the indices it trained on, the LR, and the strategy's state per step.
+"""
 
 import json
+import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,39 +15,150 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from lightning_bandlimit.strategies import ElasticDDPStrategy
+from lightning_bandlimit.strategies import ElasticDDPStrategy, lr_multiplier
 
-SCRIPT = Path(__file__).with_name("elastic_resize_script.py")
-
-
-def _run(tmp_path: Path, devices: int, max_steps: int, resume: Path | None = None) -> dict:
-    args = [sys.executable, str(SCRIPT), str(devices), str(max_steps), str(tmp_path)]
-    if resume is not None:
-        args.append(str(resume))
-    proc = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((tmp_path / f"start-{devices}.json").read_text())
+SCRIPT = Path(__file__).with_name("elastic_run_script.py")
+DATASET, BATCH, BASE_LR = 96, 8, 0.1
+TOTAL = 3 * DATASET
 
 
-@pytest.mark.parametrize(("first", "second", "factor"), [(2, 1, 0.5), (1, 2, 2.0)])
-def test_resize_through_checkpoint_applies_the_rule(tmp_path: Path, first: int, second: int, factor: float) -> None:
-    start = _run(tmp_path, first, 4)
-    assert start["resized_from"] is None and start["lr"] == pytest.approx(0.1)
-    ckpt = tmp_path / f"after-{first}.ckpt"
-    saved = torch.load(ckpt, weights_only=False)["elastic_ddp"]
-    assert saved["world_size"] == first and saved["reference"]["lr"] == pytest.approx(0.1)
-    assert saved["samples_seen"] == 4 * first * 8
-
-    resumed = _run(tmp_path, second, 8, resume=ckpt)
-    assert resumed["resized_from"] == first and resumed["world_size"] == second
-    assert resumed["lr"] == pytest.approx(0.1 * factor)  # linear rule, applied after the restore
-    assert resumed["reference_lr"] == pytest.approx(0.1) and resumed["reference_world_size"] == first
-    assert resumed["momentum"] == pytest.approx(0.9)
-    assert resumed["samples_seen"] == 4 * first * 8
+def _launch(out: Path, tag: str, devices: int, max_steps: int, expect_ok: bool = True, **cfg: object) -> subprocess.CompletedProcess:
+    config = {"devices": devices, "max_steps": max_steps, "out": str(out), "tag": tag, **cfg}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), json.dumps(config)], cwd=out, capture_output=True, text=True, timeout=240, env=env
+    )
+    if expect_ok:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
 
 
-def test_registered_by_name_and_argument_check() -> None:
+def _ranks(out: Path, tag: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob(f"{tag}-rank*.json"))]
+
+
+def _steps(records: list[dict], before: float = math.inf) -> list[dict]:
+    """Per-rank step records of one launch, up to (not including) global step ``before``."""
+    return [t for r in records for t in r["trained"] if t["step"] < before]
+
+
+def _check_curve(steps: list[dict], scale_of_world: dict[int, float]) -> None:
+    """LR = reference LR x rule factor x cosine(samples seen before the step)."""
+    for t in steps:
+        seen_before = t["samples_seen"] - t["world_size"] * BATCH
+        expected = BASE_LR * scale_of_world[t["world_size"]] * lr_multiplier(seen_before, TOTAL, min_lr_ratio=0.1)
+        assert t["lr"] == pytest.approx(expected, rel=1e-6), t
+
+
+def test_resize_2_to_1_to_2_exactly_once_on_the_curve(tmp_path: Path) -> None:
+    # 96 samples, batch 8: 6 global steps per epoch on 2 ranks, 12 on 1. Checkpoints every 4 steps.
+    _launch(tmp_path, "a", devices=2, max_steps=4)  # epoch 0: 64 samples, checkpoint at step 4
+    _launch(tmp_path, "b", devices=1, max_steps=14, resume="last")  # rest of epoch 0, 6 steps of epoch 1
+    (tmp_path / "ckpt" / "last.ckpt").rename(tmp_path / "ckpt" / "step12.ckpt")
+    _launch(tmp_path, "c", devices=2, max_steps=18, resume=str(tmp_path / "ckpt" / "step12.ckpt"))
+    _launch(tmp_path, "d", devices=2, max_steps=12, resume=str(tmp_path / "ckpt" / "step=8.ckpt"))  # at an epoch end
+    a, b, c, d = (_ranks(tmp_path, tag) for tag in "abcd")
+    assert [len(x) for x in (a, b, c, d)] == [2, 1, 2, 2]
+
+    # the lineage a[:4] -> b[4:12] -> c[12:]: each epoch's samples exactly once
+    lineage = _steps(a, 4) + _steps(b, 12) + _steps(c)
+    for epoch in (0, 1):
+        seen = sorted(i for t in lineage if t["epoch"] == epoch for i in t["indices"])
+        assert seen == list(range(DATASET)), f"epoch {epoch}"
+    # resumed at the end of epoch 0 (1 -> 2): epoch 1 from its start, nothing of epoch 0 again
+    assert {t["epoch"] for t in _steps(d)} == {1}
+    first_of_epoch1 = sorted(i for t in _steps(b, 12) if t["epoch"] == 1 for i in t["indices"])
+    d_first = sorted(i for t in _steps(d, 10) for i in t["indices"])
+    assert d_first == first_of_epoch1  # the same 32 samples open epoch 1 whatever the world size
+
+    # the rule (linear: LR x world / 2) and the schedule, continuous in samples seen
+    assert b[0]["resized_from"] == 2 and c[0]["resized_from"] == 1 and d[0]["resized_from"] == 1
+    _check_curve(lineage + _steps(d), {1: 0.5, 2: 1.0})
+    assert {t["momentum"] for t in lineage} == {0.9}
+    assert b[0]["reference"]["world_size"] == 2 and c[0]["reference"]["world_size"] == 2
+    assert b[0]["applied"]["lr"] == pytest.approx(0.05) and c[0]["applied"]["lr"] == pytest.approx(0.1)
+    # CPU threads: the cores shared by the local processes
+    cores = len(os.sched_getaffinity(0))
+    assert b[0]["threads"] == cores and {r["threads"] for r in a} == {max(1, cores // 2)}
+
+
+def test_keep_global_batch_accumulates_on_fewer_ranks(tmp_path: Path) -> None:
+    _launch(tmp_path, "a", devices=2, max_steps=2, rule="keep", every=2)
+    _launch(tmp_path, "b", devices=1, max_steps=4, rule="keep", every=2, resume="last")
+    (b,) = _ranks(tmp_path, "b")
+    assert b["applied"]["accumulation"] == 2 and b["applied"]["lr"] == pytest.approx(BASE_LR)
+    steps = b["trained"]
+    assert {t["accumulation"] for t in steps} == {2}
+    # 2 optimizer steps x 2 micro-batches: the global batch stays 16 samples per step
+    assert len(steps) == 4 and [t["step"] for t in steps] == [2, 2, 3, 3]
+    assert steps[-1]["samples_seen"] == 4 * 16
+
+
+def test_stability_guard_rolls_back_a_bad_rule(tmp_path: Path) -> None:
+    _launch(tmp_path, "a", devices=1, max_steps=8, rule="x1000", every=8)
+    _launch(tmp_path, "b", devices=2, max_steps=40, rule="x1000", every=100, resume="last")
+    b = _ranks(tmp_path, "b")
+    rollbacks = b[0]["rollbacks"]
+    assert rollbacks, "LR x 1000 should have diverged"
+    assert [r["damping"] for r in rollbacks] == sorted((r["damping"] for r in rollbacks), reverse=True)
+    assert all(r["retry"] == i + 1 for i, r in enumerate(rollbacks))
+    assert b[0]["rollbacks"] == b[1]["rollbacks"]  # both ranks agreed on every rollback
+    final = b[0]["trained"][-1]
+    assert math.isfinite(final["loss"]) and final["loss"] < 2.0
+    # the surviving LR is the damped one: 1000 ** damping times the reference
+    damping = rollbacks[-1]["damping"]
+    assert b[0]["applied"]["lr"] == pytest.approx(BASE_LR * 1000.0**damping)
+
+
+def test_sigterm_saves_a_checkpoint_to_resume_from(tmp_path: Path) -> None:
+    proc = _launch(tmp_path, "a", devices=1, max_steps=50, every=100, sigterm_at=3, expect_ok=False)
+    assert "saved" in proc.stderr + proc.stdout and "on SIGTERM" in proc.stderr + proc.stdout
+    checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 3 and checkpoint["elastic_ddp"]["sampler"]["consumed"] == 3 * BATCH
+    _launch(tmp_path, "b", devices=2, max_steps=5, every=100, resume="last")
+    b = _ranks(tmp_path, "b")
+    assert b[0]["trained"][0]["step"] == 3 and b[0]["resized_from"] == 1
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"hidden": 16}, "different model"),
+        ({"rule": "sqrt"}, "cannot apply"),
+        ({"optimizer": "adam"}, "Adam-family"),
+        ({"batch": 4}, "per-device batch"),
+        ({"dataset": 80}, "different training set"),
+    ],
+)
+def test_incompatible_checkpoint_fails_before_writing(tmp_path: Path, change: dict, message: str) -> None:
+    _launch(tmp_path, "a", devices=1, max_steps=4, every=2)
+    before = _snapshot(tmp_path / "ckpt")
+    proc = _launch(tmp_path, "b", devices=2, max_steps=8, every=2, resume="last", expect_ok=False, **change)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-3000:]
+    assert _snapshot(tmp_path / "ckpt") == before
+
+
+def test_adascale_measures_a_gain_between_1_and_the_scale(tmp_path: Path) -> None:
+    _launch(tmp_path, "a", devices=1, max_steps=4, rule="adascale")
+    _launch(tmp_path, "b", devices=2, max_steps=10, rule="adascale", resume="last", guard=False)
+    b = _ranks(tmp_path, "b")
+    gains = [t["gain"] for t in b[0]["trained"][1:]]  # the first step reports the gain before any statistics
+    assert all(1.0 <= g <= 2.0 for g in gains) and len(set(gains)) > 1
+    assert b[0]["noise"]["trace"] > 0
+    # schedule progress advanced by gain x reference batch (8) per step, not by the 16 samples seen
+    assert b[0]["progress"][0] < 10 * 16 and b[0]["applied"]["lr"] == pytest.approx(BASE_LR)
+
+
+def test_registered_by_name_and_argument_checks() -> None:
     trainer = pl.Trainer(strategy="elastic_ddp", accelerator="cpu", devices=1, logger=False)
     assert isinstance(trainer.strategy, ElasticDDPStrategy)
     with pytest.raises(ValueError, match="per_device_batch"):
         ElasticDDPStrategy(per_device_batch=0)
+    with pytest.raises(ValueError, match="cpu_threads"):
+        ElasticDDPStrategy(cpu_threads=-1)
+    with pytest.raises(TypeError, match="ScalingRule"):
+        ElasticDDPStrategy(rule="linear")  # type: ignore[arg-type]
