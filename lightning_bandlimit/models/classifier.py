@@ -64,9 +64,15 @@ class ImageClassifier(pl.LightningModule):
         momentum: SGD momentum.
         weight_decay: SGD weight decay.
         label_smoothing: cross-entropy label smoothing.
+        lr_schedule: ``"onecycle"`` (stepped per optimizer step) or ``"samples"``: a
+            :class:`~lightning_bandlimit.strategies.SampleSchedule` (linear warmup over the first
+            20 %, then cosine to 1 %) driven by samples seen, which stays on its curve when an
+            elastic run changes its batch; it needs
+            :class:`~lightning_bandlimit.strategies.ElasticDDPStrategy`, which advances it.
 
     Raises:
-        ValueError: for an unknown backbone or an out-of-range hyperparameter.
+        ValueError: for an unknown backbone or an out-of-range hyperparameter; at fit time for
+            ``lr_schedule="samples"`` without ``ElasticDDPStrategy``.
 
     Example:
         >>> model = ImageClassifier("small_cnn", num_classes=10, width=8)
@@ -85,6 +91,7 @@ class ImageClassifier(pl.LightningModule):
         momentum: float = 0.9,
         weight_decay: float = 5e-4,
         label_smoothing: float = 0.0,
+        lr_schedule: str = "onecycle",
     ) -> None:
         super().__init__()
         if num_classes < 2:
@@ -95,6 +102,8 @@ class ImageClassifier(pl.LightningModule):
                 f"label_smoothing in [0, 1), got {learning_rate}, {momentum}, {weight_decay}, "
                 f"{label_smoothing}"
             )
+        if lr_schedule not in ("onecycle", "samples"):
+            raise ValueError(f"lr_schedule must be 'onecycle' or 'samples', got {lr_schedule!r}")
         self.save_hyperparameters()
         self.normalize = Normalize(mean, std)
         self.backbone = build_backbone(backbone, num_classes, width)
@@ -128,6 +137,22 @@ class ImageClassifier(pl.LightningModule):
         images = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(images).softmax(-1)
 
+    def _sample_schedule(self, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+        from lightning_bandlimit.strategies import ElasticDDPStrategy, SampleSchedule
+
+        trainer = self.trainer
+        if not isinstance(trainer.strategy, ElasticDDPStrategy):
+            raise ValueError(
+                "lr_schedule='samples' is advanced by ElasticDDPStrategy (strategy='elastic_ddp'), got "
+                f"{type(trainer.strategy).__name__}; use lr_schedule='onecycle' with other strategies"
+            )
+        if trainer.max_epochs is not None and trainer.max_epochs > 0:
+            total = trainer.max_epochs * len(trainer.train_dataloader.dataset)  # type: ignore[union-attr, arg-type]
+        else:
+            batch = trainer.train_dataloader.batch_size  # type: ignore[union-attr]
+            total = total_steps * batch * trainer.world_size * trainer.accumulate_grad_batches
+        return SampleSchedule(optimizer, total_samples=total, warmup_samples=int(0.2 * total), min_lr_ratio=0.01)
+
     def configure_optimizers(self) -> Any:
         hp = self.hparams
         optimizer = torch.optim.SGD(
@@ -135,6 +160,8 @@ class ImageClassifier(pl.LightningModule):
             weight_decay=hp.weight_decay, nesterov=hp.momentum > 0,
         )
         total_steps = max(1, int(self.trainer.estimated_stepping_batches))
+        if hp.get("lr_schedule", "onecycle") == "samples":
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self._sample_schedule(optimizer, total_steps), "interval": "step"}}
         scheduler = torch.optim.lr_scheduler.OneCycleLR(
             optimizer, max_lr=hp.learning_rate, total_steps=total_steps, pct_start=0.2
         )

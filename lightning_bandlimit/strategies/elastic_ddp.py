@@ -300,9 +300,8 @@ class ElasticDDPStrategy(DDPStrategy):
         if self.rule is None:
             self.rule = default_rule(optimizer)
         self._warn_step_schedulers(trainer)
-        launched = replace(
-            read_optimizer(optimizer, self.world_size, self._batch_size(), trainer.accumulate_grad_batches),
-            lr=self._reference_lr(trainer),
+        launched = read_optimizer(
+            optimizer, self.world_size, self._batch_size(), trainer.accumulate_grad_batches, lr=self._reference_lr(trainer)
         )
         if self._restored is None:
             self.reference = self.applied = launched

@@ -37,6 +37,7 @@ __all__ = [
     "KeepGlobalBatch",
     "LinearScaling",
     "MomentumAwareScaling",
+    "NoScaling",
     "ScalingRule",
     "SquareRootScaling",
     "TrainingConfig",
@@ -265,6 +266,29 @@ class MomentumAwareScaling(ScalingRule):
         return replace(reference, world_size=world_size, accumulation=accumulation, lr=lr, momentum=momentum)
 
 
+class NoScaling(ScalingRule):
+    """Keep every hyperparameter: only the data position and the schedule follow a resize.
+
+    The baseline against which the other rules are measured (``benchmarks/elastic.py``), and a
+    choice for users who rescale by hand.
+
+    Example:
+        >>> ref = TrainingConfig(world_size=1, per_device_batch=32, lr=0.1, momentum=0.9)
+        >>> new = NoScaling().adjust(ref, world_size=4)
+        >>> new.lr, new.momentum, new.global_batch
+        (0.1, 0.9, 128)
+    """
+
+    name = "none"
+
+    def adjust(
+        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
+    ) -> TrainingConfig:
+        accumulation = accumulation or reference.accumulation
+        self._factor(reference, world_size, accumulation, damping)  # argument checks
+        return replace(reference, world_size=world_size, accumulation=accumulation, warmup_samples=0)
+
+
 class AdaScale(ScalingRule):
     """AdaScale (Johnson et al. 2020): the LR gain is measured while training, not fixed.
 
@@ -319,8 +343,12 @@ def default_rule(optimizer: torch.optim.Optimizer) -> ScalingRule:
     return SquareRootScaling() if "betas" in optimizer.defaults else LinearScaling()
 
 
-def read_optimizer(optimizer: torch.optim.Optimizer, world_size: int, per_device_batch: int, accumulation: int) -> TrainingConfig:
+def read_optimizer(
+    optimizer: torch.optim.Optimizer, world_size: int, per_device_batch: int, accumulation: int, lr: float | None = None
+) -> TrainingConfig:
     """The :class:`TrainingConfig` of a running optimizer (its first parameter group).
+
+    ``lr`` overrides the group's LR (e.g. with a schedule's base LR while the group's is mid-warmup).
 
     Raises:
         ValueError: for an optimizer without parameter groups or a non-positive LR.
@@ -331,7 +359,7 @@ def read_optimizer(optimizer: torch.optim.Optimizer, world_size: int, per_device
     betas = group.get("betas")
     return TrainingConfig(
         world_size=world_size, per_device_batch=per_device_batch, accumulation=accumulation,
-        lr=float(group["lr"]), momentum=group.get("momentum"),
+        lr=float(group["lr"]) if lr is None else float(lr), momentum=group.get("momentum"),
         betas=tuple(float(b) for b in betas) if betas is not None else None,  # type: ignore[arg-type]
         eps=group.get("eps"),
     )

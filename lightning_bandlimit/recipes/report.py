@@ -1,0 +1,435 @@
+"""The robustness recipe's outputs: records, results.json / results.csv, the plot, summary.md.
+
+Every file is written atomically (a temporary file in the same folder, then ``os.replace``), so
+a crash or an interrupt never leaves a half-written file, and the recipe rewrites
+``results.json`` and ``results.csv`` after every record. Plots use
+:class:`matplotlib.figure.Figure` with the Agg canvas, never pyplot's global state.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import platform
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from lightning_bandlimit.recipes.attack_suite import THREAT_BAND, THREAT_FULL, THREAT_NOISE
+from lightning_bandlimit.recipes.sanity import SanityCheck
+
+__all__ = [
+    "BAND_WARNING",
+    "RobustnessRecord",
+    "WorstCaseRecord",
+    "atomic_write",
+    "format_eps",
+    "library_versions",
+    "plot_accuracy_vs_eps",
+    "summary_markdown",
+    "threat_label",
+    "write_results",
+]
+
+BAND_WARNING = (
+    "Only **full-spectrum** rows (adaptive white-box attacks on the whole input spectrum) measure "
+    "robustness. **Band-restricted** rows perturb one frequency band only: a band-limited model "
+    "discards the frequencies outside the band it keeps, so it is trivially insensitive to "
+    "attacks confined to them; a high accuracy there is filtering, not robustness. Random-noise "
+    "rows measure corruption robustness, not adversarial robustness."
+)
+
+
+@dataclass
+class RobustnessRecord:
+    """One evaluated point: a model under one attack at one budget (and band).
+
+    Args:
+        model: the model's name.
+        attack: the attack's label (see :attr:`AttackSpec.key`).
+        attack_name: the registered attack name.
+        threat: ``"full-spectrum white-box"``, ``"band-restricted white-box"`` or ``"random noise"``.
+        norm: ``"Linf"``, ``"L2"`` or ``None``.
+        eps: the budget (meaning per attack, see :mod:`~lightning_bandlimit.recipes.attack_suite`).
+        band: ``[low, high]`` normalised radial band of band attacks, else ``None``.
+        band_name: the band's name when given by name.
+        iterative: whether accuracy must be non-increasing in ``eps``.
+        n: samples evaluated.
+        clean_correct: samples classified correctly without attack.
+        robust_correct: samples classified correctly under the attack.
+        flipped: samples whose correctness differs from the clean pass.
+        clean_accuracy: ``clean_correct / n`` (torchmetrics).
+        robust_accuracy: ``robust_correct / n`` (torchmetrics).
+        mean_l2: mean L2 norm of the perturbations, over all samples.
+        mean_linf: mean L-inf norm of the perturbations, over all samples.
+        max_l2: largest L2 norm.
+        max_linf: largest L-inf norm.
+        seconds: wall time of the run that produced it (a minimum-norm attack's single run is
+            shared by all its budgets).
+        seed: the run's seed.
+    """
+
+    model: str
+    attack: str
+    attack_name: str
+    threat: str
+    norm: str | None
+    eps: float
+    band: list[float] | None
+    band_name: str | None
+    iterative: bool
+    n: int
+    clean_correct: int
+    robust_correct: int
+    flipped: int
+    clean_accuracy: float
+    robust_accuracy: float
+    mean_l2: float
+    mean_linf: float
+    max_l2: float
+    max_linf: float
+    seconds: float
+    seed: int
+
+    @classmethod
+    def fabricate(cls, model: str, attack: str, eps: float, **values: Any) -> RobustnessRecord:
+        """A record with made-up but consistent values (for tests and examples).
+
+        Args:
+            model: model name.
+            attack: attack label (also its name, unless given).
+            eps: budget.
+            **values: fields to set; the rest default to an iterative full-spectrum L-inf
+                attack on 10 samples, all correct, with perturbations exactly at ``eps``.
+
+        Example:
+            >>> RobustnessRecord.fabricate("m", "pgd", 0.1, robust_correct=3).robust_accuracy
+            0.3
+        """
+        n = values.get("n", 10)
+        clean = values.get("clean_correct", n)
+        robust = values.get("robust_correct", clean)
+        record = {
+            "model": model, "attack": attack, "attack_name": attack, "threat": THREAT_FULL, "norm": "Linf",
+            "eps": float(eps), "band": None, "band_name": None, "iterative": True, "n": n,
+            "clean_correct": clean, "robust_correct": robust, "flipped": abs(clean - robust),
+            "clean_accuracy": clean / n, "robust_accuracy": robust / n, "mean_l2": float(eps),
+            "mean_linf": float(eps), "max_l2": float(eps), "max_linf": float(eps), "seconds": 0.0, "seed": 0,
+        }
+        record.update(values)
+        return cls(**record)
+
+
+@dataclass
+class WorstCaseRecord:
+    """Per-sample worst case over several attacks sharing a threat, norm and budget.
+
+    A sample counts as robust only if it is classified correctly on the clean image *and*
+    under every listed attack (the clean image is inside every budget).
+
+    Args:
+        model: the model's name.
+        threat: :data:`THREAT_FULL` (the robust accuracy) or :data:`THREAT_BAND`.
+        norm: ``"Linf"`` or ``"L2"``.
+        eps: the budget.
+        band: the band of band-restricted attacks, else ``None``.
+        attacks: the attack labels combined.
+        n: samples.
+        clean_accuracy: accuracy without attack.
+        robust_correct: samples robust to all listed attacks.
+        robust_accuracy: ``robust_correct / n``.
+    """
+
+    model: str
+    threat: str
+    norm: str
+    eps: float
+    band: list[float] | None
+    attacks: list[str]
+    n: int
+    clean_accuracy: float
+    robust_correct: int
+    robust_accuracy: float
+
+
+def atomic_write(path: Path, writer: Callable[[io.TextIOBase], None] | str | bytes) -> Path:
+    """Write a file atomically: into a temporary file beside it, then ``os.replace``.
+
+    Args:
+        path: the destination.
+        writer: the text or bytes to write, or a function writing into a text stream.
+
+    Returns:
+        ``path``.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     atomic_write(Path(folder) / "a.txt", "hello").read_text()
+        'hello'
+    """
+    path = Path(path)
+    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        if isinstance(writer, bytes):
+            with os.fdopen(handle, "wb") as stream:
+                stream.write(writer)
+        else:
+            with os.fdopen(handle, "w", newline="" if callable(writer) else None, encoding="utf-8") as stream:
+                if callable(writer):
+                    writer(stream)
+                else:
+                    stream.write(writer)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that determine the results.
+
+    Example:
+        >>> sorted(library_versions())
+        ['lightning', 'lightning_bandlimit', 'python', 'torch', 'torchattacks', 'torchmetrics']
+    """
+    versions = {"python": platform.python_version()}
+    for package, distribution in (
+        ("torch", "torch"), ("torchattacks", "torchattacks"), ("lightning", "lightning"),
+        ("torchmetrics", "torchmetrics"), ("lightning_bandlimit", "lightning-bandlimit"),
+    ):
+        try:
+            versions[package] = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "__dataclass_fields__"):
+        return _jsonable(asdict(value))
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return repr(value)
+
+
+def write_results(
+    output_dir: Path,
+    records: Sequence[RobustnessRecord],
+    extra: Mapping[str, Any],
+) -> tuple[Path, Path]:
+    """Write ``results.json`` (``extra`` plus the records) and ``results.csv`` (the records).
+
+    Args:
+        output_dir: the folder (must exist).
+        records: the records so far.
+        extra: other top-level entries of ``results.json`` (status, versions, seed, config,
+            worst case, sanity checks, ...); dataclasses are converted.
+
+    Returns:
+        The two paths.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     j, c = write_results(Path(folder), [RobustnessRecord.fabricate("m", "pgd", 0.1)], {"seed": 0})
+        ...     json.loads(j.read_text())["records"][0]["attack"], c.read_text().splitlines()[0][:11]
+        ('pgd', 'model,attac')
+    """
+    output_dir = Path(output_dir)
+    payload = {**_jsonable(dict(extra)), "records": [_jsonable(asdict(r)) for r in records]}
+    json_path = atomic_write(output_dir / "results.json", json.dumps(payload, indent=2) + "\n")
+    columns = [f.name for f in fields(RobustnessRecord)]
+
+    def write_csv(stream: io.TextIOBase) -> None:
+        writer = csv.DictWriter(stream, fieldnames=columns)
+        writer.writeheader()
+        for record in records:
+            row = asdict(record)
+            row["band"] = "" if record.band is None else f"{record.band[0]:g}-{record.band[1]:g}"
+            writer.writerow({k: "" if v is None else v for k, v in row.items()})
+
+    csv_path = atomic_write(output_dir / "results.csv", write_csv)
+    return json_path, csv_path
+
+
+def format_eps(eps: float, norm: str | None) -> str:
+    """``eps`` for humans: L-inf budgets that are multiples of 1/255 also as a fraction.
+
+    Example:
+        >>> format_eps(8 / 255, "Linf"), format_eps(0.5, "L2"), format_eps(0.0, "Linf")
+        ('8/255', '0.5', '0')
+    """
+    if eps == 0:
+        return "0"
+    if norm == "Linf":
+        steps = eps * 255
+        if abs(steps - round(steps)) < 1e-6:
+            return f"{round(steps)}/255"
+    return f"{eps:.4g}"
+
+
+def _band_text(band: Sequence[float] | None, band_name: str | None) -> str:
+    if band is None:
+        return ""
+    span = f"{band[0]:g}-{band[1]:g}"
+    return f"{band_name} ({span})" if band_name else span
+
+
+def threat_label(threat: str, band: Sequence[float] | None = None, band_name: str | None = None) -> str:
+    """The threat column of the report, in words nobody can misread.
+
+    Example:
+        >>> threat_label("full-spectrum white-box")
+        'full-spectrum (adaptive white-box)'
+        >>> threat_label("band-restricted white-box", [0.5, 1.0], "high")
+        'band-restricted (white-box, band high (0.5-1))'
+    """
+    if threat == THREAT_FULL:
+        return "full-spectrum (adaptive white-box)"
+    if threat == THREAT_BAND:
+        return f"band-restricted (white-box, band {_band_text(band, band_name)})"
+    if threat == THREAT_NOISE:
+        return f"random noise, band-restricted ({_band_text(band, band_name)})" if band else "random noise"
+    return threat
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def summary_markdown(
+    records: Sequence[RobustnessRecord],
+    worst_case: Sequence[WorstCaseRecord],
+    checks: Sequence[SanityCheck],
+    *,
+    title: str = "Robustness evaluation",
+    notes: Sequence[str] = (),
+) -> str:
+    """The Markdown summary: attack table, worst-case robust accuracy, sanity checks, warning.
+
+    Args:
+        records: all records.
+        worst_case: per-sample worst cases (full-spectrum first).
+        checks: sanity checks.
+        title: the heading.
+        notes: extra lines under the heading (seed, samples, device, ...).
+
+    Example:
+        >>> text = summary_markdown([RobustnessRecord.fabricate("m", "pgd", 8 / 255, robust_correct=4)], [], [])
+        >>> "| m | pgd | full-spectrum (adaptive white-box) | Linf | 8/255 |" in text
+        True
+    """
+    parts = [f"# {title}", ""]
+    parts += [f"{line}  " for line in notes]
+    parts += ["", f"> {BAND_WARNING}", "", "## Accuracy under attack", ""]
+    ordered = sorted(records, key=lambda r: (r.model, r.threat != THREAT_FULL, r.threat, r.attack, r.eps))
+    parts.append(_table(
+        ["model", "attack", "threat", "norm", "eps", "clean acc", "acc under attack", "mean L2", "mean Linf", "n", "s"],
+        [
+            [r.model, r.attack, threat_label(r.threat, r.band, r.band_name), r.norm or "-", format_eps(r.eps, r.norm),
+             f"{r.clean_accuracy:.3f}", f"{r.robust_accuracy:.3f}", f"{r.mean_l2:.3g}", f"{r.mean_linf:.3g}", r.n,
+             f"{r.seconds:.1f}"]
+            for r in ordered
+        ],
+    ))
+    full = [w for w in worst_case if w.threat == THREAT_FULL]
+    band = [w for w in worst_case if w.threat != THREAT_FULL]
+    parts += ["", "## Robust accuracy (per-sample worst case over full-spectrum attacks)", ""]
+    if full:
+        parts.append(_table(
+            ["model", "norm", "eps", "clean acc", "robust acc", "attacks"],
+            [[w.model, w.norm, format_eps(w.eps, w.norm), f"{w.clean_accuracy:.3f}", f"**{w.robust_accuracy:.3f}**",
+              ", ".join(w.attacks)] for w in full],
+        ))
+    else:
+        parts.append("No full-spectrum attack was run: **no robustness claim can be made from this report.**")
+    if band:
+        parts += ["", "## Band-restricted worst case (NOT a robustness measure, see above)", ""]
+        parts.append(_table(
+            ["model", "norm", "eps", "band", "clean acc", "acc under attack", "attacks"],
+            [[w.model, w.norm, format_eps(w.eps, w.norm), _band_text(w.band, None), f"{w.clean_accuracy:.3f}",
+              f"{w.robust_accuracy:.3f}", ", ".join(w.attacks)] for w in band],
+        ))
+    parts += ["", "## Sanity checks", ""]
+    if checks:
+        parts.append(_table(
+            ["check", "model", "result", "detail"],
+            [[c.name, c.model or "all", "skipped" if c.skipped else "PASS" if c.passed else "**FAIL**",
+              c.detail.replace("|", "/")] for c in checks],
+        ))
+    else:
+        parts.append("No sanity check ran.")
+    return "\n".join(parts) + "\n"
+
+
+def plot_accuracy_vs_eps(records: Sequence[RobustnessRecord], path: Path, *, title: str = "") -> Path:
+    """Accuracy vs eps: one subplot per attack (and band), one curve per model; saved atomically.
+
+    Args:
+        records: the records to plot.
+        path: the PNG to write.
+        title: the figure title.
+
+    Returns:
+        ``path``.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     recs = [RobustnessRecord.fabricate("m", "pgd", e, robust_correct=c) for e, c in [(0, 9), (0.1, 3)]]
+        ...     plot_accuracy_vs_eps(recs, Path(folder) / "a.png").stat().st_size > 0
+        True
+    """
+    panels: dict[str, list[RobustnessRecord]] = {}
+    for r in sorted(records, key=lambda r: (r.threat != THREAT_FULL, r.threat, r.attack)):
+        panels.setdefault(r.attack, []).append(r)
+    models = sorted({r.model for r in records})
+    count = max(1, len(panels))
+    columns = min(3, count)
+    rows = math.ceil(count / columns)
+    figure = Figure(figsize=(4.2 * columns, 3.4 * rows), layout="constrained")
+    FigureCanvasAgg(figure)
+    colours = [f"C{i % 10}" for i in range(len(models))]
+    for index, (attack, panel) in enumerate(panels.items()):
+        axes = figure.add_subplot(rows, columns, index + 1)
+        first = panel[0]
+        for model, colour in zip(models, colours):
+            curve = sorted((r for r in panel if r.model == model), key=lambda r: r.eps)
+            if curve:
+                axes.plot([r.eps for r in curve], [r.robust_accuracy for r in curve], "o-", color=colour, label=model)
+        axes.set_title(f"{attack}\n{threat_label(first.threat, first.band, first.band_name)}", fontsize=8)
+        axes.set_xlabel(f"eps ({first.norm or 'noise std'})", fontsize=8)
+        axes.set_ylabel("accuracy", fontsize=8)
+        axes.set_ylim(-0.03, 1.03)
+        axes.grid(alpha=0.3)
+        axes.tick_params(labelsize=7)
+        if index == 0:
+            axes.legend(fontsize=7)
+    if not panels:
+        figure.add_subplot(1, 1, 1).text(0.5, 0.5, "no records", ha="center", va="center")
+    if title:
+        figure.suptitle(title, fontsize=9)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    return atomic_write(Path(path), buffer.getvalue())
