@@ -42,6 +42,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -140,6 +141,16 @@ class ElasticDDPStrategy(DDPStrategy):
         self._launched_accumulation: int | None = None
 
     # ------------------------------------------------------------------ environment
+
+    @override
+    def _configure_launcher(self) -> None:
+        # Under torchrun --nnodes=MIN:MAX the node count is only known at each (re)start.
+        if isinstance(self.cluster_environment, TorchElasticEnvironment) and self.num_processes:
+            world = self.cluster_environment.world_size()
+            if world % self.num_processes == 0 and world // self.num_processes != self._num_nodes:
+                self._num_nodes = world // self.num_processes
+                self.set_world_ranks()
+        super()._configure_launcher()
 
     @override
     def setup_environment(self) -> None:

@@ -5,8 +5,9 @@ guard compares the training loss with its trend before the resize (the last ``hi
 saved in the checkpoint, so the trend survives the restart) and calls the adjustment bad when
 
 * a loss is not finite, or
-* the median of the last ``patience`` losses exceeds ``tolerance`` x the pre-resize median
-  (plus a small absolute margin, so a loss near zero does not trip on noise).
+* the median of the last ``patience`` losses exceeds both ``tolerance`` x the pre-resize median
+  and that median plus ``spread`` robust standard deviations (1.4826 x the median absolute
+  deviation) of the pre-resize losses, so the noise of small-batch losses does not trip it.
 
 The guard only decides; :class:`~lightning_bandlimit.strategies.ElasticDDPStrategy` agrees on the
 decision across ranks, rolls the model and optimizer back to the state they had at the resize,
@@ -34,6 +35,8 @@ class StabilityGuard:
         patience: losses whose median is compared with the trend (the first ``patience - 1``
             steps after a resize only trip on non-finite losses).
         tolerance: allowed factor between the post- and pre-resize median loss, ``> 1``.
+        spread: allowed distance from the pre-resize median, in robust standard deviations of
+            the pre-resize losses, ``>= 0``.
         max_retries: damped retries before falling back to unscaled hyperparameters.
         damping_factor: multiplies the damping at each retry, in ``(0, 1)``.
 
@@ -55,8 +58,9 @@ class StabilityGuard:
         self,
         window: int = 20,
         history: int = 50,
-        patience: int = 3,
+        patience: int = 5,
         tolerance: float = 1.5,
+        spread: float = 4.0,
         max_retries: int = 2,
         damping_factor: float = 0.5,
     ) -> None:
@@ -67,6 +71,9 @@ class StabilityGuard:
             raise ValueError(f"expected patience <= window={window}, got {patience}")
         if not tolerance > 1:
             raise ValueError(f"expected tolerance > 1, got {tolerance}")
+        if not spread >= 0:
+            raise ValueError(f"expected spread >= 0, got {spread}")
+        self.spread = float(spread)
         if not isinstance(max_retries, int) or max_retries < 0:
             raise ValueError(f"expected max_retries to be an int >= 0, got {max_retries!r}")
         if not 0 < damping_factor < 1:
@@ -75,7 +82,7 @@ class StabilityGuard:
         self.max_retries, self.damping_factor = max_retries, float(damping_factor)
         self.trend: deque[float] = deque(maxlen=history)
         self._watched: list[float] | None = None
-        self._baseline: float | None = None
+        self._limit = None
 
     @property
     def watching(self) -> bool:
@@ -85,7 +92,12 @@ class StabilityGuard:
     def start(self) -> None:
         """Put a new adjustment on probation against the current trend."""
         finite = [x for x in self.trend if math.isfinite(x)]
-        self._baseline = statistics.median(finite) if finite else None
+        if finite:
+            median = statistics.median(finite)
+            sigma = 1.4826 * statistics.median(abs(x - median) for x in finite)
+            self._limit: float | None = max(self.tolerance * median, median + self.spread * sigma) + 1e-3
+        else:
+            self._limit = None
         self._watched = []
 
     def stop(self) -> None:
@@ -116,10 +128,9 @@ class StabilityGuard:
         assert self._watched is not None
         if not math.isfinite(self._watched[-1]):
             return True
-        if self._baseline is None or len(self._watched) < self.patience:
+        if self._limit is None or len(self._watched) < self.patience:
             return False
-        recent = statistics.median(self._watched[-self.patience :])
-        return recent > self.tolerance * self._baseline + 1e-3
+        return statistics.median(self._watched[-self.patience :]) > self._limit
 
     def damping(self, retry: int) -> float:
         """The damping of retry number ``retry`` (0: the rule as is); 0 after ``max_retries``."""
