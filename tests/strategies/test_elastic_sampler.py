@@ -296,3 +296,10 @@ def test_property_any_resize_covers_epoch_exactly_once(
     lengths = [len(s) for s in after]
     assert lengths == [len(list(s)) for s in after]
     assert max(lengths) - min(lengths) <= 1 and sum(lengths) == dataset_size
+
+
+def test_full_epoch_len_counts_the_whole_epoch_but_yields_the_rest() -> None:
+    sampler = ElasticSampler(10, batch_size=2, num_replicas=2, rank=0, shuffle=False, full_epoch_len=True)
+    sampler.advance(1)
+    assert len(sampler) == sampler.remaining(0) == 5 and sampler.remaining() == 3
+    assert list(sampler) == [4, 5, 8]

@@ -8,9 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lightning_bandlimit.strategies.scaling import (
+    AdaScale,
     KeepGlobalBatch,
     LinearScaling,
     MomentumAwareScaling,
+    NoScaling,
     SquareRootScaling,
     TrainingConfig,
     adascale_gain,
@@ -131,3 +133,30 @@ def test_adascale_gain_bounds_and_monotonicity() -> None:
     assert gains[0] == 1.0 and all(a < b for a, b in zip(gains, gains[1:])) and gains[-1] <= 8.0
     assert adascale_gain(1.0, -0.1, 8) == 8.0 and adascale_gain(-1.0, 1.0, 8) == 1.0
     assert adascale_gain(1.0, 1.0, 1) == 1.0  # no scaling, no gain
+
+
+@pytest.mark.parametrize("rule", [LinearScaling(warmup_steps=0), MomentumAwareScaling()])
+def test_launch_accumulation_is_part_of_the_scale(rule) -> None:  # type: ignore[no-untyped-def]
+    by_devices = rule.adjust(SGD, 4)  # k = 2 from two more processes
+    by_accumulation = rule.adjust(SGD, 2, accumulation=2)  # k = 2 simulated with accumulation
+    assert by_accumulation.lr == pytest.approx(by_devices.lr) and by_accumulation.momentum == pytest.approx(by_devices.momentum)
+    assert by_accumulation.accumulation == 2 and by_accumulation.global_batch == by_devices.global_batch
+
+
+def test_keep_global_batch_ignores_the_launch_accumulation() -> None:
+    assert KeepGlobalBatch().adjust(SGD, 1, accumulation=4).accumulation == 2
+
+
+@pytest.mark.parametrize("rule", [NoScaling(), AdaScale()])
+def test_rules_that_keep_the_hyperparameters(rule) -> None:  # type: ignore[no-untyped-def]
+    new = rule.adjust(SGD, 8)
+    assert (new.lr, new.momentum, new.world_size, new.global_batch) == (SGD.lr, SGD.momentum, 8, 4 * SGD.global_batch)
+
+
+def test_adascale_gain_below_scale_one() -> None:
+    assert adascale_gain(1.0, 1.0, 0.5) == pytest.approx(2 / 3)
+    assert 0.25 <= adascale_gain(100.0, 0.01, 0.25) <= 1.0
+    with pytest.raises(ValueError, match="positive"):
+        adascale_gain(1.0, 1.0, 0)
+    with pytest.raises(ValueError, match="smoothing"):
+        AdaScale(smoothing=0)
