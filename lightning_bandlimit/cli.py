@@ -29,7 +29,7 @@ def recipes() -> dict[str, str]:
 
     Example:
         >>> sorted(recipes())
-        ['cifar10-resnet18', 'quickstart']
+        ['cifar10-resnet18', 'elastic', 'quickstart', 'robustness']
     """
     found = {}
     for path in sorted(RECIPES_DIR.glob("*.yaml")):

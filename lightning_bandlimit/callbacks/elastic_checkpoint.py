@@ -29,8 +29,9 @@ class ElasticCheckpoint(ModelCheckpoint):
     Args:
         dirpath: the checkpoint directory; ``None``: ``<default_root_dir>/checkpoints``.
         every_n_train_steps: optimizer steps between checkpoints.
-        **kwargs: passed to ``ModelCheckpoint`` (``save_last=True`` and ``save_top_k=0`` unless
-            given: only ``last.ckpt`` is kept).
+        save_last: keep ``last.ckpt`` (what ``ckpt_path="last"`` finds); leave it on.
+        save_top_k: other checkpoints to keep (``0``: only ``last.ckpt``; ``-1``: all).
+        **kwargs: passed to ``ModelCheckpoint``.
 
     Raises:
         ValueError: if ``every_n_train_steps`` is not positive.
@@ -41,12 +42,19 @@ class ElasticCheckpoint(ModelCheckpoint):
         (True, 50)
     """
 
-    def __init__(self, dirpath: str | Path | None = None, every_n_train_steps: int = 50, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        dirpath: str | Path | None = None,
+        every_n_train_steps: int = 50,
+        save_last: bool = True,
+        save_top_k: int = 0,
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(every_n_train_steps, int) or every_n_train_steps < 1:
             raise ValueError(f"every_n_train_steps must be a positive int, got {every_n_train_steps!r}")
-        kwargs.setdefault("save_last", True)
-        kwargs.setdefault("save_top_k", 0)
-        super().__init__(dirpath=dirpath, every_n_train_steps=every_n_train_steps, **kwargs)
+        super().__init__(
+            dirpath=dirpath, every_n_train_steps=every_n_train_steps, save_last=save_last, save_top_k=save_top_k, **kwargs
+        )
 
     def _fix_dirpath(self, trainer: pl.Trainer) -> None:
         if self.dirpath is None:

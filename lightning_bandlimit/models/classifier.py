@@ -120,7 +120,8 @@ class ImageClassifier(pl.LightningModule):
         loss = F.cross_entropy(logits, labels, label_smoothing=self.hparams.label_smoothing)
         metric(logits, labels)
         on_step = stage == "train"
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=stage != "test")
+        # epoch-level validation/test losses are averaged over ranks (one all-reduce per epoch)
+        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=stage != "test", sync_dist=not on_step)
         self.log(f"{stage}/acc", metric, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 

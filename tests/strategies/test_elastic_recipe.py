@@ -1,0 +1,35 @@
+"""The packaged ``elastic`` recipe: every launch resumes by itself, a resize rescales by rule."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _fit(run: Path, devices: int, max_steps: int) -> str:
+    args = [
+        sys.executable, "-m", "lightning_bandlimit", "fit", "--config", "elastic",
+        "--trainer.default_root_dir", str(run), "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--trainer.devices", str(devices), "--trainer.max_steps", str(max_steps), "--trainer.accelerator", "cpu",
+        "--trainer.callbacks.every_n_train_steps", "4", "--data.train_size", "256", "--data.val_size", "32",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(args, cwd=run.parent, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout + proc.stderr
+
+
+def test_relaunch_resumes_without_ckpt_path_and_rescales(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    first = _fit(run, devices=1, max_steps=4)
+    assert "no last checkpoint available" in first  # the first launch starts fresh
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
+    second = _fit(run, devices=2, max_steps=8)
+    assert "Restored all states from the checkpoint" in second and "world size 1 -> 2" in second
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 8 and saved["elastic_ddp"]["world_size"] == 2
+    assert saved["elastic_ddp"]["applied"]["lr"] == 2 * saved["elastic_ddp"]["reference"]["lr"]
