@@ -147,6 +147,8 @@ class ImageClassifier(pl.LightningModule):
                 "lr_schedule='samples' is advanced by ElasticDDPStrategy (strategy='elastic_ddp'), got "
                 f"{type(trainer.strategy).__name__}; use lr_schedule='onecycle' with other strategies"
             )
+        if trainer.train_dataloader is None:  # max_steps runs do not load it to estimate the steps
+            trainer.fit_loop.setup_data()
         if trainer.max_epochs is not None and trainer.max_epochs > 0:
             total = trainer.max_epochs * len(trainer.train_dataloader.dataset)  # type: ignore[union-attr, arg-type]
         else:

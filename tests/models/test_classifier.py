@@ -52,3 +52,15 @@ def test_trains_logs_metrics_and_uses_a_per_step_schedule(tmp_path: Path) -> Non
     assert 0.0 <= test["test/acc"] <= 1.0
     probs = trainer.predict(model, data)[0]
     assert torch.allclose(probs.sum(-1), torch.ones(len(probs)))
+
+
+def test_sample_schedule_needs_the_elastic_strategy() -> None:
+    import lightning.pytorch as pl
+
+    from lightning_bandlimit.data import SyntheticImageDataModule
+
+    with pytest.raises(ValueError, match="lr_schedule"):
+        ImageClassifier("small_cnn", width=8, lr_schedule="cosine")
+    trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(ValueError, match="ElasticDDPStrategy"):
+        trainer.fit(ImageClassifier("small_cnn", width=8, lr_schedule="samples"), SyntheticImageDataModule(train_size=16, batch_size=8))
