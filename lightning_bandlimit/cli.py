@@ -4,6 +4,7 @@
 and LightningDataModule (by ``class_path`` or, for ours, by short name:
 ``--model ImageClassifier --data SyntheticImageDataModule``). ``--config`` takes a file or the
 name of a packaged recipe; ``lightning-bandlimit recipes`` lists them.
+``lightning-bandlimit robustness ...`` runs :mod:`lightning_bandlimit.recipes.robustness`.
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ def main(args: list[str] | None = None) -> None:
         args: command-line arguments (default ``sys.argv[1:]``).
     """
     argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["robustness"]:
+        from lightning_bandlimit.recipes.robustness import main as robustness
+
+        robustness(argv[1:])
+        return
     if argv[:1] == ["recipes"]:
         found = recipes()
         width = max(map(len, found))

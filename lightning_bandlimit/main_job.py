@@ -1,8 +1,10 @@
 """The main job: train a recipe band-limited and as a full-spectrum twin, compare them.
 
 ``python -m lightning_bandlimit.main_job`` (README command 1) trains the ``quickstart`` recipe
-twice, once band-limited and once with plain convolutions, then prints a side-by-side summary
-and writes everything into one run folder. In the band-limited run the recipe's ``BandLimit``
+twice, once band-limited and once with plain convolutions, prints a side-by-side summary, then
+evaluates both checkpoints under attack with the ``robustness`` recipe (``lightning-bandlimit
+robustness --config robustness``) and prints its summary table; everything goes into one run
+folder. In the band-limited run the recipe's ``BandLimit``
 becomes an :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` whose floor is the
 recipe's compression: with room to spare it changes nothing, and when the machine's memory runs
 short (another job grows) it raises the compression instead of letting the job fail::
@@ -11,6 +13,7 @@ short (another job grows) it raises the compression instead of letting the job f
         band-limited/    checkpoints, metrics.csv, config.yaml
         full-spectrum/   the same for the twin
         summary.json     the summary table, versions, wall times
+        robustness/      results.json/.csv, accuracy_vs_eps.png, heat maps, summary.md
 """
 
 from __future__ import annotations
@@ -135,14 +138,27 @@ def _table(results: list[VariantResult]) -> str:
     return "\n".join([header, *rows])
 
 
-def main(recipe: str = "quickstart", output_dir: str = "runs", overrides: list[str] | None = None) -> Path:
-    """Train ``recipe`` band-limited and full-spectrum, print the comparison, write the run folder.
+def main(
+    recipe: str = "quickstart",
+    output_dir: str = "runs",
+    overrides: list[str] | None = None,
+    robustness: bool = True,
+    robustness_overrides: list[str] | None = None,
+) -> Path:
+    """Train ``recipe`` band-limited and full-spectrum, compare them, evaluate them under attack.
 
     Args:
         recipe: recipe name (``lightning-bandlimit recipes``) or a config path.
         output_dir: parent of the run folder ``main-<timestamp>``.
         overrides: LightningCLI arguments applied to both runs, e.g.
             ``'[--trainer.max_epochs, "2"]'``.
+        robustness: run the ``robustness`` recipe on both checkpoints at the end.
+        robustness_overrides: arguments for ``lightning-bandlimit robustness`` after
+            ``--config robustness``, e.g. ``'[--limit, "64"]'``.
+
+    Raises:
+        FileNotFoundError: for an unknown recipe (before any work).
+        SanityCheckError: when a robustness sanity check fails (after everything is written).
 
     Returns:
         The run folder.
@@ -179,7 +195,17 @@ def main(recipe: str = "quickstart", output_dir: str = "runs", overrides: list[s
         "spectrum adds to the total instead of replacing the input; step ms: median training step;\n"
         "c changes: compression moves made by AdaptiveBandLimit (memory pressure on this machine)."
     )
-    print(f"total wall time {summary['wall_s']:.0f} s; run folder: {run_dir}")
+    print(f"training wall time {summary['wall_s']:.0f} s; run folder: {run_dir}")
+    if robustness:
+        from lightning_bandlimit.recipes.robustness import main as evaluate
+
+        print("\nrobustness: lightning-bandlimit robustness --config robustness --main_run " + str(run_dir))
+        started = time.perf_counter()
+        evaluate([
+            "--config", "robustness", "--main_run", str(run_dir), "--output_dir", str(run_dir / "robustness"),
+            *(robustness_overrides or []),
+        ])
+        print(f"robustness wall time {time.perf_counter() - started:.0f} s; report: {run_dir / 'robustness' / 'summary.md'}")
     return run_dir
 
 

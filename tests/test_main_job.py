@@ -7,12 +7,14 @@ import pytest
 
 from lightning_bandlimit.main_job import main
 
+ATTACK = ["--limit", "16", "--heat_map_limit", "4", "--sanity_samples", "8", "--progress", "false",
+          "--data.init_args.test_size", "16", "--attacks", '[{name: fgsm, eps: [0, 0.03]}, {name: band_noise, eps: [0, 0.03], band: high}]']
 TINY = ["--trainer.max_epochs", "1", "--data.train_size", "48", "--data.val_size", "16",
         "--data.batch_size", "16", "--model.width", "4", "--trainer.enable_progress_bar", "false"]
 
 
 def test_trains_both_variants_and_writes_one_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    run_dir = main(output_dir=str(tmp_path), overrides=TINY)
+    run_dir = main(output_dir=str(tmp_path), overrides=TINY, robustness_overrides=ATTACK)
     assert run_dir.parent == tmp_path and run_dir.name.startswith("main-")
     summary = json.loads((run_dir / "summary.json").read_text())
     variants = {r["variant"]: r for r in summary["results"]}
@@ -28,6 +30,10 @@ def test_trains_both_variants_and_writes_one_run_folder(tmp_path: Path, capsys: 
         assert (Path(result["log_dir"]) / "metrics.csv").is_file()
     out = capsys.readouterr().out
     assert str(run_dir) in out and "band-limited" in out and "full-spectrum" in out
+    # ends with the robustness recipe on both checkpoints, its summary table printed
+    records = json.loads((run_dir / "robustness" / "results.json").read_text())["records"]
+    assert {r["model"] for r in records} == {"band-limited", "full-spectrum"}
+    assert (run_dir / "robustness" / "summary.md").read_text().strip().splitlines()[0] in out
 
 
 def test_unknown_recipe_fails_before_any_work(tmp_path: Path) -> None:
