@@ -86,7 +86,8 @@ class ElasticDDPStrategy(DDPStrategy):
         cpu_threads: intra-op threads per process on CPU; ``None`` for the cores available to
             this process divided by the local processes, ``0`` to leave torch's setting alone.
         seed: seed of the :class:`ElasticSampler`'s per-epoch permutations (used when the
-            training loader shuffles).
+            training loader shuffles); ``None``: the seed of the ``DistributedSampler`` Lightning
+            would have used (from ``seed_everything``), else 0.
         **kwargs: passed to ``DDPStrategy``.
 
     Raises:
@@ -107,7 +108,7 @@ class ElasticDDPStrategy(DDPStrategy):
         per_device_batch: int | None = None,
         guard: StabilityGuard | bool = True,
         cpu_threads: int | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -135,7 +136,8 @@ class ElasticDDPStrategy(DDPStrategy):
         self._snapshot: dict[str, Any] | None = None
         self._rewarm: tuple[int, int, float] | None = None  # (start samples, warmup samples, start factor)
         self._step_samples = 0
-        self._pending_loss: torch.Tensor | None = None
+        self._pending_loss: torch.Tensor | None = None  # the loss of the last optimizer step
+        self._last_loss: torch.Tensor | None = None  # the loss of the last micro-batch
         self._norms: GradientNormState | None = None
         self._noise: dict[str, float] = {}  # AdaScale: running tr(Sigma) and |G|^2
         self._launched_accumulation: int | None = None
@@ -207,9 +209,10 @@ class ElasticDDPStrategy(DDPStrategy):
         if dataloader.batch_size is None:
             raise ValueError("ElasticDDPStrategy needs DataLoader(batch_size=...) for training, not a custom batch_sampler")
         original = dataloader.sampler
-        seed = self.seed
+        seed = self.seed if self.seed is not None else 0
         if type(original) is DistributedSampler:
-            shuffle, seed = original.shuffle, original.seed
+            shuffle = original.shuffle
+            seed = original.seed if self.seed is None else self.seed
         elif isinstance(original, (RandomSampler, ElasticSampler)):
             shuffle = True if isinstance(original, RandomSampler) else original.shuffle
         elif isinstance(original, SequentialSampler):
@@ -277,6 +280,7 @@ class ElasticDDPStrategy(DDPStrategy):
                 "sampler": self.sampler.state_dict() if self.sampler is not None else None,
                 "guard": self.guard.state_dict() if self.guard is not None else None,
                 "noise": dict(self._noise),
+                "rewarm": list(self._rewarm) if self._rewarm is not None else None,
             }
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
@@ -322,6 +326,8 @@ class ElasticDDPStrategy(DDPStrategy):
         self.applied = _config(restored.get("applied") or restored["reference"])
         self.samples_seen = int(restored.get("samples_seen", 0))
         self._noise = {k: float(v) for k, v in (restored.get("noise") or {}).items()}
+        rewarm = restored.get("rewarm")
+        self._rewarm = (int(rewarm[0]), int(rewarm[1]), float(rewarm[2])) if rewarm else None
         if self.guard is not None and restored.get("guard"):
             self.guard.load_state_dict(restored["guard"])
         self._check_compatible(launched)
@@ -443,6 +449,7 @@ class ElasticDDPStrategy(DDPStrategy):
             "schedulers": [to_cpu(c.scheduler.state_dict()) for c in trainer.lr_scheduler_configs],
             "applied": self.applied,
             "accumulation": trainer.accumulate_grad_batches,
+            "samples_seen": self.samples_seen,
         }
 
     def _rollback(self, trainer: pl.Trainer) -> None:
@@ -451,8 +458,14 @@ class ElasticDDPStrategy(DDPStrategy):
         self.lightning_module.load_state_dict(snapshot["model"])
         for opt, state in zip(trainer.optimizers, snapshot["optimizers"]):
             opt.load_state_dict(copy.deepcopy(state))
+        for opt in trainer.optimizers:
+            opt.zero_grad(set_to_none=True)
+        # The data consumed since the resize is not given back (its updates are discarded); the
+        # schedule moves on by it too, so that it stays in step with the data position.
         for config, state in zip(trainer.lr_scheduler_configs, snapshot["schedulers"]):
             config.scheduler.load_state_dict(copy.deepcopy(state))
+            if isinstance(config.scheduler, SampleSchedule):
+                config.scheduler.advance(self.samples_seen - snapshot["samples_seen"])
         self.applied = snapshot["applied"]
         trainer.accumulate_grad_batches = snapshot["accumulation"]
         self.retries += 1
@@ -492,7 +505,7 @@ class ElasticDDPStrategy(DDPStrategy):
         output = super().training_step(*args, **kwargs)
         loss = output.get("loss") if isinstance(output, dict) else output
         if isinstance(loss, torch.Tensor):
-            self._pending_loss = loss.detach()
+            self._last_loss = loss.detach()
         return output
 
     @override
@@ -533,6 +546,8 @@ class ElasticDDPStrategy(DDPStrategy):
         finally:
             for group, lr in zip(groups, scheduled):
                 group["lr"] = lr
+        # the guard judges optimizer steps (checked at the next batch start, a window boundary)
+        self._pending_loss, self._last_loss = self._last_loss, None
         progress = self.gain * self.reference.global_batch if isinstance(self.rule, AdaScale) else self._step_samples
         self._step_samples = 0
         trainer = self.lightning_module.trainer

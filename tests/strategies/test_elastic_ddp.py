@@ -108,6 +108,8 @@ def test_stability_guard_rolls_back_a_bad_rule(tmp_path: Path) -> None:
     # the surviving LR is the damped one: 1000 ** damping times the reference
     damping = rollbacks[-1]["damping"]
     assert b[0]["applied"]["lr"] == pytest.approx(BASE_LR * 1000.0**damping)
+    # the discarded steps' data is not given back, and the schedule stays in step with it
+    assert b[0]["progress"][0] == pytest.approx(b[0]["trained"][-1]["samples_seen"])
 
 
 def test_sigterm_saves_a_checkpoint_to_resume_from(tmp_path: Path) -> None:
