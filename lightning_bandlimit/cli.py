@@ -20,7 +20,7 @@ import lightning_bandlimit.data  # noqa: F401
 import lightning_bandlimit.models  # noqa: F401
 import lightning_bandlimit.strategies  # noqa: F401  (registers "elastic_ddp")
 
-__all__ = ["BandLimitCLI", "main", "recipe_path", "recipes"]
+__all__ = ["BandLimitCLI", "main", "recipe_path", "recipes", "resolve_config_args"]
 
 RECIPES_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -65,7 +65,8 @@ def recipe_path(name_or_path: str) -> Path:
     )
 
 
-def _resolve_configs(argv: list[str]) -> list[str]:
+def resolve_config_args(argv: list[str]) -> list[str]:
+    """``argv`` with the value of every ``--config`` resolved by :func:`recipe_path`."""
     resolved = list(argv)
     for i, arg in enumerate(resolved):
         if arg == "--config" and i + 1 < len(resolved):
@@ -94,10 +95,10 @@ class BandLimitCLI(LightningCLI):
     def __init__(self, args: list[str] | None = None, **kwargs: object) -> None:
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         if args is None:  # from the command line: resolve recipe names in place
-            sys.argv[1:] = _resolve_configs(sys.argv[1:])
+            sys.argv[1:] = resolve_config_args(sys.argv[1:])
             super().__init__(**kwargs)  # type: ignore[arg-type]
         else:
-            super().__init__(args=_resolve_configs(list(args)), **kwargs)  # type: ignore[arg-type]
+            super().__init__(args=resolve_config_args(list(args)), **kwargs)  # type: ignore[arg-type]
 
 
 def main(args: list[str] | None = None) -> None:

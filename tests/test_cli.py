@@ -16,7 +16,7 @@ TINY = ["--trainer.max_epochs", "1", "--data.train_size", "32", "--data.val_size
 def test_recipes_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
     main(["recipes"])
     out = capsys.readouterr().out
-    assert set(recipes()) == {"quickstart", "cifar10-resnet18"}
+    assert set(recipes()) == {"quickstart", "cifar10-resnet18", "elastic", "robustness"}
     assert "quickstart" in out and "CIFAR-10" in out
 
 
@@ -25,7 +25,7 @@ def test_unknown_recipe_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> 
         main(["fit", "--config", "no-such-recipe"])
     assert exit_info.value.code == 2
     assert "no-such-recipe" in capsys.readouterr().err
-    with pytest.raises(FileNotFoundError, match="recipes: cifar10-resnet18, quickstart"):
+    with pytest.raises(FileNotFoundError, match="recipes: cifar10-resnet18, elastic, quickstart, robustness"):
         recipe_path("no-such-recipe")
 
 

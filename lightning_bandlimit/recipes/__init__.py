@@ -1,1 +1,33 @@
-"""Recipes built on the library: ``robustness`` (adversarial and frequency-band evaluation)."""
+"""Recipes built on the library.
+
+``robustness``: evaluate classifiers under adversarial and frequency-band attacks and write a
+side-by-side report (``lightning-bandlimit robustness``); its parts: the attack suite, the
+band-restricted threat models (:class:`BandPGD`, :class:`BandNoise`), the Fourier heat map and
+the sanity checks.
+"""
+
+from lightning_bandlimit.recipes.attack_suite import ATTACKS, AttackSpec, build_attack
+from lightning_bandlimit.recipes.band_attacks import BandNoise, BandPGD
+from lightning_bandlimit.recipes.fourier_heatmap import fourier_basis, fourier_heat_map, save_heat_map
+from lightning_bandlimit.recipes.frequency_band import BANDS, band_mask, band_project
+from lightning_bandlimit.recipes.robustness import RobustnessReport, evaluate_robustness, load_classifier
+from lightning_bandlimit.recipes.sanity import SanityCheck, SanityCheckError
+
+__all__ = [
+    "ATTACKS",
+    "BANDS",
+    "AttackSpec",
+    "BandNoise",
+    "BandPGD",
+    "RobustnessReport",
+    "SanityCheck",
+    "SanityCheckError",
+    "band_mask",
+    "band_project",
+    "build_attack",
+    "evaluate_robustness",
+    "fourier_basis",
+    "fourier_heat_map",
+    "load_classifier",
+    "save_heat_map",
+]

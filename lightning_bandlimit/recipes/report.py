@@ -119,11 +119,27 @@ class RobustnessRecord:
         clean = values.get("clean_correct", n)
         robust = values.get("robust_correct", clean)
         record = {
-            "model": model, "attack": attack, "attack_name": attack, "threat": THREAT_FULL, "norm": "Linf",
-            "eps": float(eps), "band": None, "band_name": None, "iterative": True, "n": n,
-            "clean_correct": clean, "robust_correct": robust, "flipped": abs(clean - robust),
-            "clean_accuracy": clean / n, "robust_accuracy": robust / n, "mean_l2": float(eps),
-            "mean_linf": float(eps), "max_l2": float(eps), "max_linf": float(eps), "seconds": 0.0, "seed": 0,
+            "model": model,
+            "attack": attack,
+            "attack_name": attack,
+            "threat": THREAT_FULL,
+            "norm": "Linf",
+            "eps": float(eps),
+            "band": None,
+            "band_name": None,
+            "iterative": True,
+            "n": n,
+            "clean_correct": clean,
+            "robust_correct": robust,
+            "flipped": abs(clean - robust),
+            "clean_accuracy": clean / n,
+            "robust_accuracy": robust / n,
+            "mean_l2": float(eps),
+            "mean_linf": float(eps),
+            "max_l2": float(eps),
+            "max_linf": float(eps),
+            "seconds": 0.0,
+            "seed": 0,
         }
         record.update(values)
         return cls(**record)
@@ -180,6 +196,7 @@ def atomic_write(path: Path, writer: Callable[[io.TextIOBase], None] | str | byt
     path = Path(path)
     handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
         if isinstance(writer, bytes):
             with os.fdopen(handle, "wb") as stream:
                 stream.write(writer)
@@ -196,6 +213,12 @@ def atomic_write(path: Path, writer: Callable[[io.TextIOBase], None] | str | byt
     return path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def library_versions() -> dict[str, str]:
     """Versions of the libraries that determine the results.
 
@@ -205,8 +228,11 @@ def library_versions() -> dict[str, str]:
     """
     versions = {"python": platform.python_version()}
     for package, distribution in (
-        ("torch", "torch"), ("torchattacks", "torchattacks"), ("lightning", "lightning"),
-        ("torchmetrics", "torchmetrics"), ("lightning_bandlimit", "lightning-bandlimit"),
+        ("torch", "torch"),
+        ("torchattacks", "torchattacks"),
+        ("lightning", "lightning"),
+        ("torchmetrics", "torchmetrics"),
+        ("lightning_bandlimit", "lightning-bandlimit"),
     ):
         try:
             versions[package] = metadata.version(distribution)
@@ -336,7 +362,8 @@ def summary_markdown(
         notes: extra lines under the heading (seed, samples, device, ...).
 
     Example:
-        >>> text = summary_markdown([RobustnessRecord.fabricate("m", "pgd", 8 / 255, robust_correct=4)], [], [])
+        >>> record = RobustnessRecord.fabricate("m", "pgd", 8 / 255, robust_correct=4)
+        >>> text = summary_markdown([record], [], [])
         >>> "| m | pgd | full-spectrum (adaptive white-box) | Linf | 8/255 |" in text
         True
     """
@@ -344,40 +371,96 @@ def summary_markdown(
     parts += [f"{line}  " for line in notes]
     parts += ["", f"> {BAND_WARNING}", "", "## Accuracy under attack", ""]
     ordered = sorted(records, key=lambda r: (r.model, r.threat != THREAT_FULL, r.threat, r.attack, r.eps))
-    parts.append(_table(
-        ["model", "attack", "threat", "norm", "eps", "clean acc", "acc under attack", "mean L2", "mean Linf", "n", "s"],
-        [
-            [r.model, r.attack, threat_label(r.threat, r.band, r.band_name), r.norm or "-", format_eps(r.eps, r.norm),
-             f"{r.clean_accuracy:.3f}", f"{r.robust_accuracy:.3f}", f"{r.mean_l2:.3g}", f"{r.mean_linf:.3g}", r.n,
-             f"{r.seconds:.1f}"]
-            for r in ordered
-        ],
-    ))
+    parts.append(
+        _table(
+            [
+                "model",
+                "attack",
+                "threat",
+                "norm",
+                "eps",
+                "clean acc",
+                "acc under attack",
+                "mean L2",
+                "mean Linf",
+                "n",
+                "s",
+            ],
+            [
+                [
+                    r.model,
+                    r.attack,
+                    threat_label(r.threat, r.band, r.band_name),
+                    r.norm or "-",
+                    format_eps(r.eps, r.norm),
+                    f"{r.clean_accuracy:.3f}",
+                    f"{r.robust_accuracy:.3f}",
+                    f"{r.mean_l2:.3g}",
+                    f"{r.mean_linf:.3g}",
+                    r.n,
+                    f"{r.seconds:.1f}",
+                ]
+                for r in ordered
+            ],
+        )
+    )
     full = [w for w in worst_case if w.threat == THREAT_FULL]
     band = [w for w in worst_case if w.threat != THREAT_FULL]
     parts += ["", "## Robust accuracy (per-sample worst case over full-spectrum attacks)", ""]
     if full:
-        parts.append(_table(
-            ["model", "norm", "eps", "clean acc", "robust acc", "attacks"],
-            [[w.model, w.norm, format_eps(w.eps, w.norm), f"{w.clean_accuracy:.3f}", f"**{w.robust_accuracy:.3f}**",
-              ", ".join(w.attacks)] for w in full],
-        ))
+        parts.append(
+            _table(
+                ["model", "norm", "eps", "clean acc", "robust acc", "attacks"],
+                [
+                    [
+                        w.model,
+                        w.norm,
+                        format_eps(w.eps, w.norm),
+                        f"{w.clean_accuracy:.3f}",
+                        f"**{w.robust_accuracy:.3f}**",
+                        ", ".join(w.attacks),
+                    ]
+                    for w in full
+                ],
+            )
+        )
     else:
         parts.append("No full-spectrum attack was run: **no robustness claim can be made from this report.**")
     if band:
         parts += ["", "## Band-restricted worst case (NOT a robustness measure, see above)", ""]
-        parts.append(_table(
-            ["model", "norm", "eps", "band", "clean acc", "acc under attack", "attacks"],
-            [[w.model, w.norm, format_eps(w.eps, w.norm), _band_text(w.band, None), f"{w.clean_accuracy:.3f}",
-              f"{w.robust_accuracy:.3f}", ", ".join(w.attacks)] for w in band],
-        ))
+        parts.append(
+            _table(
+                ["model", "norm", "eps", "band", "clean acc", "acc under attack", "attacks"],
+                [
+                    [
+                        w.model,
+                        w.norm,
+                        format_eps(w.eps, w.norm),
+                        _band_text(w.band, None),
+                        f"{w.clean_accuracy:.3f}",
+                        f"{w.robust_accuracy:.3f}",
+                        ", ".join(w.attacks),
+                    ]
+                    for w in band
+                ],
+            )
+        )
     parts += ["", "## Sanity checks", ""]
     if checks:
-        parts.append(_table(
-            ["check", "model", "result", "detail"],
-            [[c.name, c.model or "all", "skipped" if c.skipped else "PASS" if c.passed else "**FAIL**",
-              c.detail.replace("|", "/")] for c in checks],
-        ))
+        parts.append(
+            _table(
+                ["check", "model", "result", "detail"],
+                [
+                    [
+                        c.name,
+                        c.model or "all",
+                        "skipped" if c.skipped else "PASS" if c.passed else "**FAIL**",
+                        c.detail.replace("|", "\\|"),
+                    ]
+                    for c in checks
+                ],
+            )
+        )
     else:
         parts.append("No sanity check ran.")
     return "\n".join(parts) + "\n"
@@ -397,7 +480,7 @@ def plot_accuracy_vs_eps(records: Sequence[RobustnessRecord], path: Path, *, tit
     Example:
         >>> import tempfile
         >>> with tempfile.TemporaryDirectory() as folder:
-        ...     recs = [RobustnessRecord.fabricate("m", "pgd", e, robust_correct=c) for e, c in [(0, 9), (0.1, 3)]]
+        ...     recs = [RobustnessRecord.fabricate("m", "pgd", eps) for eps in (0.0, 0.5, 1.0)]
         ...     plot_accuracy_vs_eps(recs, Path(folder) / "a.png").stat().st_size > 0
         True
     """
@@ -408,7 +491,8 @@ def plot_accuracy_vs_eps(records: Sequence[RobustnessRecord], path: Path, *, tit
     count = max(1, len(panels))
     columns = min(3, count)
     rows = math.ceil(count / columns)
-    figure = Figure(figsize=(4.2 * columns, 3.4 * rows), layout="constrained")
+    width, height = 4.2 * columns, 3.4 * rows
+    figure = Figure(figsize=(width, height))
     FigureCanvasAgg(figure)
     colours = [f"C{i % 10}" for i in range(len(models))]
     for index, (attack, panel) in enumerate(panels.items()):
@@ -417,7 +501,13 @@ def plot_accuracy_vs_eps(records: Sequence[RobustnessRecord], path: Path, *, tit
         for model, colour in zip(models, colours):
             curve = sorted((r for r in panel if r.model == model), key=lambda r: r.eps)
             if curve:
-                axes.plot([r.eps for r in curve], [r.robust_accuracy for r in curve], "o-", color=colour, label=model)
+                axes.plot(
+                    [r.eps for r in curve],
+                    [r.robust_accuracy for r in curve],
+                    "o-",
+                    color=colour,
+                    label=model,
+                )
         axes.set_title(f"{attack}\n{threat_label(first.threat, first.band, first.band_name)}", fontsize=8)
         axes.set_xlabel(f"eps ({first.norm or 'noise std'})", fontsize=8)
         axes.set_ylabel("accuracy", fontsize=8)
@@ -430,6 +520,15 @@ def plot_accuracy_vs_eps(records: Sequence[RobustnessRecord], path: Path, *, tit
         figure.add_subplot(1, 1, 1).text(0.5, 0.5, "no records", ha="center", va="center")
     if title:
         figure.suptitle(title, fontsize=9)
+    # Fixed margins in inches: a layout engine ("constrained", tight_layout) would double the cost.
+    figure.subplots_adjust(
+        left=0.65 / width,
+        right=1 - 0.15 / width,
+        bottom=0.5 / height,
+        top=1 - (0.95 if title else 0.6) / height,
+        wspace=0.3,
+        hspace=0.6,
+    )
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
+    figure.savefig(buffer, format="png", dpi=100)
     return atomic_write(Path(path), buffer.getvalue())

@@ -144,7 +144,7 @@ def _training_modules(model: nn.Module) -> list[str]:
 
 
 def load_classifier(source: str | Path | nn.Module, device: str | torch.device = "cpu") -> nn.Module:
-    """A classifier to evaluate: a module as is, or an ``ImageClassifier`` checkpoint, band-limited as trained.
+    """A classifier to evaluate: a module as is, or an ``ImageClassifier`` checkpoint band-limited as trained.
 
     A checkpoint is loaded with ``ImageClassifier.load_from_checkpoint``; when its callback
     states hold a ``BandLimit`` / ``AdaptiveBandLimit`` entry with ``compression > 0`` (whose
@@ -163,10 +163,10 @@ def load_classifier(source: str | Path | nn.Module, device: str | torch.device =
         TypeError: for anything else.
 
     Example:
-        >>> load_classifier(nn.Linear(2, 2))
+        >>> load_classifier(nn.Linear(2, 2))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: expected a model in eval mode (call model.eval() first: attacks and BatchNorm statistics need it), got Linear with 1 module(s) in training mode: <root>
+        ValueError: expected a model in eval mode (...), got Linear with 1 module(s) in training mode: <root>
     """
     if isinstance(source, nn.Module):
         training = _training_modules(source)
@@ -174,7 +174,8 @@ def load_classifier(source: str | Path | nn.Module, device: str | torch.device =
             shown = ", ".join(training[:5]) + (", ..." if len(training) > 5 else "")
             raise ValueError(
                 "expected a model in eval mode (call model.eval() first: attacks and BatchNorm statistics "
-                f"need it), got {type(source).__name__} with {len(training)} module(s) in training mode: {shown}"
+                f"need it), got {type(source).__name__} with {len(training)} module(s) in training mode: "
+                f"{shown}"
             )
         return source.to(resolve_device(device))
     return _load_checkpoint(source, device)[0]
@@ -195,7 +196,10 @@ def _load_checkpoint(source: Any, device: str | torch.device) -> tuple[nn.Module
     for state in states:
         if float(state.get("compression", 0.0)) > 0:
             bandlimit(
-                model, float(state["compression"]), include=state.get("include"), exclude=state.get("exclude"),
+                model,
+                float(state["compression"]),
+                include=state.get("include"),
+                exclude=state.get("exclude"),
                 pointwise=bool(state.get("pointwise", False)),
             )
     return model.eval(), states
@@ -218,10 +222,10 @@ def main_run_checkpoints(main_run: str | Path = "latest", runs_dir: str | Path =
         ValueError: for a summary without checkpoints.
 
     Example:
-        >>> main_run_checkpoints("latest", runs_dir="/nonexistent")
+        >>> main_run_checkpoints("latest", runs_dir="/nonexistent")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        FileNotFoundError: no main-job run (main-*/summary.json) under '/nonexistent'; run `python -m lightning_bandlimit.main_job` first or pass --main_run PATH
+        FileNotFoundError: no main-job run (main-*/summary.json) under '/nonexistent'; run ... --main_run PATH
     """
     if str(main_run) == "latest":
         runs = sorted(p.parent for p in Path(runs_dir).glob("main-*/summary.json"))
@@ -247,10 +251,14 @@ def main_run_checkpoints(main_run: str | Path = "latest", runs_dir: str | Path =
         if not path.is_absolute() and not path.exists():
             path = run / path
         if not path.is_file():
-            raise FileNotFoundError(f"{summary_path}: checkpoint of the {variant!r} run not found: {str(path)!r}")
+            raise FileNotFoundError(
+                f"{summary_path}: checkpoint of the {variant!r} run not found: {str(path)!r}"
+            )
         found[str(variant)] = path
     if not found:
-        raise ValueError(f"{summary_path}: expected 'results' with 'variant' and 'checkpoint' entries, got none")
+        raise ValueError(
+            f"{summary_path}: expected 'results' with 'variant' and 'checkpoint' entries, got none"
+        )
     return found
 
 
@@ -305,6 +313,11 @@ class _Run:
     seconds: float
 
 
+def _model_note(model: _Model) -> str:
+    compression = max((float(s.get("compression", 0.0)) for s in model.band_limit), default=0.0)
+    return model.source + (f", band-limited at compression {compression:g}" if compression > 0 else "")
+
+
 def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "model"
 
@@ -316,7 +329,9 @@ def _loader(data: Any) -> Iterable[Any]:
         loader = data.test_dataloader()
         if isinstance(loader, (list, tuple)):
             if len(loader) != 1:
-                raise ValueError(f"expected one test dataloader from {type(data).__name__}, got {len(loader)}")
+                raise ValueError(
+                    f"expected one test dataloader from {type(data).__name__}, got {len(loader)}"
+                )
             loader = loader[0]
         return loader
     if isinstance(data, DataLoader):
@@ -332,16 +347,31 @@ def _read_data(data: Any, limit: int | None, seed: int) -> list[tuple[torch.Tens
         torch.manual_seed(seed)  # shuffling loaders draw their order from the global RNG
         for index, batch in enumerate(_loader(data)):
             if not isinstance(batch, (list, tuple)) or len(batch) < 2:
-                raise ValueError(f"expected batches of (images, labels), got {type(batch).__name__} in batch {index}")
+                raise ValueError(
+                    f"expected batches of (images, labels), got {type(batch).__name__} in batch {index}"
+                )
             images, labels = batch[0], batch[1]
             if not isinstance(images, torch.Tensor) or not images.is_floating_point() or images.dim() != 4:
-                got = f"{images.dtype} {tuple(images.shape)}" if isinstance(images, torch.Tensor) else type(images).__name__
+                got = (
+                    f"{images.dtype} {tuple(images.shape)}"
+                    if isinstance(images, torch.Tensor)
+                    else type(images).__name__
+                )
                 raise ValueError(f"expected float images of shape (N, C, H, W), got {got} in batch {index}")
-            if not isinstance(labels, torch.Tensor) or labels.dim() != 1 or len(labels) != len(images) or (
-                labels.is_floating_point() or labels.is_complex()
+            if (
+                not isinstance(labels, torch.Tensor)
+                or labels.dim() != 1
+                or len(labels) != len(images)
+                or (labels.is_floating_point() or labels.is_complex())
             ):
-                got = f"{labels.dtype} {tuple(labels.shape)}" if isinstance(labels, torch.Tensor) else type(labels).__name__
-                raise ValueError(f"expected integer labels of shape ({len(images)},), got {got} in batch {index}")
+                got = (
+                    f"{labels.dtype} {tuple(labels.shape)}"
+                    if isinstance(labels, torch.Tensor)
+                    else type(labels).__name__
+                )
+                raise ValueError(
+                    f"expected integer labels of shape ({len(images)},), got {got} in batch {index}"
+                )
             if limit is not None:
                 images, labels = images[: limit - count], labels[: limit - count]
             if len(images) == 0:
@@ -352,7 +382,7 @@ def _read_data(data: Any, limit: int | None, seed: int) -> list[tuple[torch.Tens
                     f"expected images in [0, 1] (normalisation belongs inside the model), got values in "
                     f"[{low:.4g}, {high:.4g}] in batch {index}"
                 )
-            batches.append((images.detach().clone().float(), labels.detach().clone().long()))
+            batches.append((images.detach().clone(), labels.detach().clone().long()))
             count += len(images)
             if limit is not None and count >= limit:
                 break
@@ -361,9 +391,8 @@ def _read_data(data: Any, limit: int | None, seed: int) -> list[tuple[torch.Tens
     return batches
 
 
-def _check_logits(name: str, output: Any, labels: torch.Tensor) -> int:
-    """Validate a probe output; return the number of classes."""
-    n = len(labels)
+def _check_logits(name: str, output: Any, n: int, labels: torch.Tensor) -> int:
+    """Validate a probe output of ``n`` rows against all ``labels``; return the number of classes."""
     expected = f"expected logits of shape (N, classes) = ({n}, classes >= 2)"
     if not isinstance(output, torch.Tensor):
         raise ValueError(f"model {name!r}: {expected}, got {type(output).__name__}")
@@ -411,16 +440,20 @@ def _frozen(modules: Iterable[nn.Module]) -> Iterator[None]:
             p.requires_grad_(flags[key])
 
 
-def _rng(device: torch.device, seed: int) -> contextlib.AbstractContextManager[Any]:
-    stack = contextlib.ExitStack()
-    stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
-    torch.manual_seed(seed)
-    return stack
+@contextlib.contextmanager
+def _seeded(device: torch.device, seed: int) -> Iterator[None]:
+    """Seed torch's RNGs for one run, on a fork: the caller's RNG state is restored afterwards."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
 
 
 def _describe_data(data: Any, n: int, batches: int) -> dict[str, Any]:
-    description: dict[str, Any] = {"class": f"{type(data).__module__}.{type(data).__qualname__}", "samples": n,
-                                   "batches": batches}
+    description: dict[str, Any] = {
+        "class": f"{type(data).__module__}.{type(data).__qualname__}",
+        "samples": n,
+        "batches": batches,
+    }
     hparams = getattr(data, "hparams", None)
     if hparams:
         description["hparams"] = dict(hparams)
@@ -511,14 +544,23 @@ def evaluate_robustness(
     with torch.inference_mode(False), torch.enable_grad():
         # ---------------------------------------------------------------- validation, no work
         if not isinstance(models, Mapping) or not models:
-            raise ValueError(f"expected a non-empty mapping of name -> model or checkpoint path, got {models!r}")
+            raise ValueError(
+                f"expected a non-empty mapping of name -> model or checkpoint path, got {models!r}"
+            )
         for name in models:
             if not isinstance(name, str) or not name:
                 raise ValueError(f"expected non-empty model names, got {name!r}")
-        specs = validate_attack_specs(list(attacks) if not isinstance(attacks, (Mapping, AttackSpec)) else attacks)
-        for label, value, minimum in (("limit", limit, 1), ("heat_map_limit", heat_map_limit, 1),
-                                      ("sanity_samples", sanity_samples, 1)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+        specs = validate_attack_specs(
+            list(attacks) if not isinstance(attacks, (Mapping, AttackSpec)) else attacks
+        )
+        for label, value, minimum in (
+            ("limit", limit, 1),
+            ("heat_map_limit", heat_map_limit, 1),
+            ("sanity_samples", sanity_samples, 1),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < minimum
+            ):
                 raise ValueError(f"expected {label} to be None or an integer >= {minimum}, got {value!r}")
         if not (isinstance(heat_map_eps, (int, float)) and math.isfinite(heat_map_eps) and heat_map_eps > 0):
             raise ValueError(f"expected heat_map_eps > 0, got {heat_map_eps!r}")
@@ -529,7 +571,8 @@ def evaluate_robustness(
         existing = output_dir / "results.json"
         if existing.is_file() and existing.stat().st_size > 0 and not overwrite:
             raise FileExistsError(
-                f"{str(existing)!r} exists: pass overwrite=True (--overwrite true) or choose another output_dir"
+                f"{str(existing)!r} exists: pass overwrite=True (--overwrite true) or choose another "
+                "output_dir"
             )
         evaluated: list[_Model] = []
         for name, source in models.items():
@@ -542,26 +585,31 @@ def evaluate_robustness(
                     f"model {name!r}: expected ordinary parameters, got parameters created under "
                     "torch.inference_mode (they cannot take part in autograd); build the model outside it"
                 )
-            evaluated.append(_Model(name, module, str(source) if not isinstance(source, nn.Module) else
-                                    f"nn.Module {type(source).__name__}", band_limit=states))
+            evaluated.append(
+                _Model(
+                    name,
+                    module,
+                    str(source)
+                    if not isinstance(source, nn.Module)
+                    else f"nn.Module {type(source).__name__}",
+                    band_limit=states,
+                )
+            )
         batches = _read_data(data, limit, seed)
         n = sum(len(b[1]) for b in batches)
         probe_x, probe_y = (t.to(target) for t in batches[0])
+        all_labels = torch.cat([b[1] for b in batches])
         needs_gradients = any(ATTACKS[s.name].threat != THREAT_NOISE for s in specs)
         for model in evaluated:
             with torch.no_grad():
                 output = model.module(probe_x)
-            model.num_classes = _check_logits(model.name, output, probe_y)
+            model.num_classes = _check_logits(model.name, output, len(probe_y), all_labels)
             if needs_gradients and not _differentiable(model.module, probe_x):
                 raise ValueError(
                     f"model {model.name!r}: expected logits that depend differentiably on the input for "
                     "gradient-based attacks, got none (argmax, detach or no_grad inside the model?); wrap "
-                    "non-differentiable parts in a straight-through estimator (BPDA) or run noise attacks only"
-                )
-            if int(max(int(b[1].max()) for b in batches)) >= model.num_classes:
-                raise ValueError(
-                    f"model {model.name!r}: expected labels in [0, {model.num_classes}), got label "
-                    f"{max(int(b[1].max()) for b in batches)}"
+                    "non-differentiable parts in a straight-through estimator (BPDA) or run noise attacks "
+                    "only"
                 )
             for spec in specs:  # construction only: surfaces bad option values
                 for eps in spec.eps:
@@ -578,21 +626,46 @@ def evaluate_robustness(
         heat_maps: list[dict[str, Any]] = []
         paths: dict[str, Path] = {}
         config = {
-            "models": {m.name: {"source": m.source, "class": type(m.module).__name__, "num_classes": m.num_classes,
-                                "band_limit": m.band_limit,
-                                "band_limited_layers": sum(1 for _ in bandlimited_layers(m.module))}
-                       for m in evaluated},
+            "models": {
+                m.name: {
+                    "source": m.source,
+                    "class": type(m.module).__name__,
+                    "num_classes": m.num_classes,
+                    "band_limit": m.band_limit,
+                    "band_limited_layers": sum(1 for _ in bandlimited_layers(m.module)),
+                }
+                for m in evaluated
+            },
             "data": _describe_data(data, n, len(batches)),
             "attacks": [
-                {**asdict(s), "key": s.key, "norm": spec_norm(s), "threat": ATTACKS[s.name].threat,
-                 "band_resolved": spec_band(s), "options_resolved": spec_options(s)}
+                {
+                    **asdict(s),
+                    "key": s.key,
+                    "norm": spec_norm(s),
+                    "threat": ATTACKS[s.name].threat,
+                    "band_resolved": spec_band(s),
+                    "options_resolved": spec_options(s),
+                }
                 for s in specs
             ],
-            "limit": limit, "device": str(target), "heat_map": heat_map, "heat_map_eps": heat_map_eps,
-            "heat_map_limit": heat_map_limit, "strict": strict, "sanity_samples": sanity_samples,
+            "limit": limit,
+            "device": str(target),
+            "heat_map": heat_map,
+            "heat_map_eps": heat_map_eps,
+            "heat_map_limit": heat_map_limit,
+            "strict": strict,
+            "sanity_samples": sanity_samples,
         }
-        state: dict[str, Any] = {"status": "running", "error": None, "started": started_at, "wall_s": 0.0,
-                                 "seed": seed, "n_samples": n, "versions": library_versions(), "config": config}
+        state: dict[str, Any] = {
+            "status": "running",
+            "error": None,
+            "started": started_at,
+            "wall_s": 0.0,
+            "seed": seed,
+            "n_samples": n,
+            "versions": library_versions(),
+            "config": config,
+        }
 
         def save() -> None:
             state["wall_s"] = time.perf_counter() - started
@@ -600,36 +673,68 @@ def evaluate_robustness(
             paths["results_json"], paths["results_csv"] = write_results(output_dir, records, extra)
 
         runs_per_model = sum(1 if ATTACKS[s.name].minimum_norm else len(s.eps) for s in specs)
-        bar = tqdm(total=len(evaluated) * runs_per_model * len(batches), desc="robustness", unit="batch",
-                   disable=not progress, dynamic_ncols=True)
+        bar = tqdm(
+            total=len(evaluated) * runs_per_model * len(batches),
+            desc="robustness",
+            unit="batch",
+            disable=not progress,
+            dynamic_ncols=True,
+        )
         try:
             save()
             with _frozen(m.module for m in evaluated):
                 for model in evaluated:
-                    _evaluate_model(model, specs, batches, seed, target, records, worst, checks, save, bar,
-                                    sanity_samples)
+                    _evaluate_model(
+                        model, specs, batches, seed, target, records, worst, checks, save, bar, sanity_samples
+                    )
+                bar.close()
                 for model in evaluated:
                     checks.append(check_eps_zero(records, model=model.name))
                     checks.append(check_monotonic(records, model=model.name))
                     checks.append(check_budget(records, model=model.name))
-                checks.sort(key=lambda c: [m.name for m in evaluated].index(c.model) if c.model else -1)
+                names = [m.name for m in evaluated]
+                checks.sort(
+                    key=lambda c: names.index(c.model) if c.model in names else -1
+                )  # stable: per model
                 save()
                 if heat_map:
+                    images = torch.cat([b[0] for b in batches])[:heat_map_limit]
+                    labels = all_labels.to(target)[:heat_map_limit]
                     for model in evaluated:
-                        x = torch.cat([b[0] for b in batches])[:heat_map_limit]
-                        y = torch.cat([b[1] for b in batches])[:heat_map_limit]
                         begun = time.perf_counter()
-                        grid = fourier_heat_map(model.module, x, y, eps=heat_map_eps, seed=seed, progress=progress)
+                        grid = fourier_heat_map(
+                            model.module, images, labels, eps=heat_map_eps, seed=seed, progress=progress
+                        )
                         stem = output_dir / f"heat_map_{_safe_name(model.name)}"
-                        save_heat_map(grid, stem.with_suffix(".png"), stem.with_suffix(".npy"),
-                                      title=f"{model.name}: error rate, Fourier basis perturbations of L2 norm {heat_map_eps:g}")
-                        paths[f"heat_map_png:{model.name}"] = stem.with_suffix(".png")
-                        paths[f"heat_map_npy:{model.name}"] = stem.with_suffix(".npy")
-                        heat_maps.append({"model": model.name, "png": stem.with_suffix(".png").name,
-                                          "npy": stem.with_suffix(".npy").name, "eps": heat_map_eps, "n": len(y),
-                                          "mean_error": float(grid.float().mean()),
-                                          "seconds": time.perf_counter() - begun})
+                        png, npy = stem.with_suffix(".png"), stem.with_suffix(".npy")
+                        save_heat_map(grid, png, npy, title=f"{model.name} (L2 {heat_map_eps:g})")
+                        paths[f"heat_map_png:{model.name}"], paths[f"heat_map_npy:{model.name}"] = png, npy
+                        heat_maps.append(
+                            {
+                                "model": model.name,
+                                "png": png.name,
+                                "npy": npy.name,
+                                "eps": heat_map_eps,
+                                "n": len(labels),
+                                "mean_error": float(grid.float().mean()),
+                                "seconds": time.perf_counter() - begun,
+                            }
+                        )
                         save()
+            notes = [
+                (
+                    f"{len(evaluated)} model(s), {n} test samples each, seed {seed}, device {target}, "
+                    f"{datetime.datetime.now().isoformat(timespec='seconds')}"
+                ),
+                "Models: " + "; ".join(f"{m.name} ({_model_note(m)})" for m in evaluated),
+            ]
+            summary = summary_markdown(records, worst, checks, notes=notes)
+            paths["plot"] = plot_accuracy_vs_eps(
+                records,
+                output_dir / "accuracy_vs_eps.png",
+                title=f"accuracy vs eps ({n} samples, seed {seed})",
+            )
+            paths["summary"] = atomic_write(output_dir / "summary.md", summary)
         except BaseException as error:
             bar.close()
             state["status"] = "crashed" if isinstance(error, Exception) else "interrupted"
@@ -637,30 +742,17 @@ def evaluate_robustness(
             with contextlib.suppress(Exception):
                 save()
             raise
-        bar.close()
         state["status"] = "complete"
         save()
-        notes = [
-            f"{len(evaluated)} model(s), {n} test samples each, seed {seed}, device {target}, "
-            f"{datetime.datetime.now().isoformat(timespec='seconds')}",
-            "Models: " + "; ".join(
-                f"{m.name} ({m.source}" + (f", band-limited at compression {m.band_limit[0].get('compression')}"
-                                           if any(float(s.get('compression', 0)) > 0 for s in m.band_limit) else "")
-                + ")" for m in evaluated
-            ),
-        ]
-        summary = summary_markdown(records, worst, checks, notes=notes)
-        paths["plot"] = plot_accuracy_vs_eps(records, output_dir / "accuracy_vs_eps.png",
-                                             title=f"accuracy vs eps ({n} samples, seed {seed})")
-        paths["summary"] = atomic_write(output_dir / "summary.md", summary)
     report = RobustnessReport(output_dir, records, worst, checks, paths, summary)
     if strict and not report.passed:
         raise SanityCheckError(report.failed_checks, str(output_dir))
     return report
 
 
-def _attack_batches(attack: Any, model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                    key: str, bar: Any) -> _Run:
+def _attack_batches(
+    attack: Any, model: nn.Module, batches: Sequence[tuple[torch.Tensor, torch.Tensor]], key: str, bar: Any
+) -> _Run:
     began = time.perf_counter()
     correct, l2, linf = [], [], []
     for x, y in batches:
@@ -679,9 +771,17 @@ def _attack_batches(attack: Any, model: nn.Module, batches: Sequence[tuple[torch
 
 
 def _evaluate_model(
-    model: _Model, specs: Sequence[AttackSpec], batches: Sequence[tuple[torch.Tensor, torch.Tensor]], seed: int,
-    device: torch.device, records: list[RobustnessRecord], worst: list[WorstCaseRecord], checks: list[SanityCheck],
-    save: Any, bar: Any, sanity_samples: int,
+    model: _Model,
+    specs: Sequence[AttackSpec],
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    seed: int,
+    device: torch.device,
+    records: list[RobustnessRecord],
+    worst: list[WorstCaseRecord],
+    checks: list[SanityCheck],
+    save: Any,
+    bar: Any,
+    sanity_samples: int,
 ) -> None:
     module = model.module
     with torch.no_grad():
@@ -691,23 +791,55 @@ def _evaluate_model(
     probe_x = torch.cat([b[0] for b in batches])[:sanity_samples]
     probe_y = torch.cat([b[1] for b in batches])[:sanity_samples]
     checks.append(check_gradients(module, probe_x, probe_y, name=model.name))
-    checks.append(check_large_budget(module, probe_x, probe_y, num_classes=model.num_classes,
-                                     seed=derive_seed(seed, "large_budget"), name=model.name))
+    checks.append(
+        check_large_budget(
+            module,
+            probe_x,
+            probe_y,
+            num_classes=model.num_classes,
+            seed=derive_seed(seed, "large_budget"),
+            name=model.name,
+        )
+    )
     save()
     masks: list[tuple[AttackSpec, str | None, float, torch.Tensor]] = []
 
-    def add(spec: AttackSpec, eps: float, correct: torch.Tensor, l2: torch.Tensor, linf: torch.Tensor,
-            seconds: float, run_seed: int) -> None:
+    def add(
+        spec: AttackSpec,
+        eps: float,
+        correct: torch.Tensor,
+        l2: torch.Tensor,
+        linf: torch.Tensor,
+        seconds: float,
+        run_seed: int,
+    ) -> None:
         info = ATTACKS[spec.name]
         norm, band = spec_norm(spec), spec_band(spec)
-        records.append(RobustnessRecord(
-            model=model.name, attack=spec.key, attack_name=spec.name, threat=info.threat, norm=norm, eps=eps,
-            band=list(band) if band else None, band_name=spec_band_name(spec),
-            iterative=info.iterative, n=n, clean_correct=int(clean.sum()), robust_correct=int(correct.sum()),
-            flipped=int((correct != clean).sum()), clean_accuracy=clean_accuracy, robust_accuracy=_mean(correct.float()),
-            mean_l2=_mean(l2), mean_linf=_mean(linf), max_l2=_max(l2), max_linf=_max(linf), seconds=seconds,
-            seed=run_seed,
-        ))
+        records.append(
+            RobustnessRecord(
+                model=model.name,
+                attack=spec.key,
+                attack_name=spec.name,
+                threat=info.threat,
+                norm=norm,
+                eps=eps,
+                band=list(band) if band else None,
+                band_name=spec_band_name(spec),
+                iterative=info.iterative,
+                n=n,
+                clean_correct=int(clean.sum()),
+                robust_correct=int(correct.sum()),
+                flipped=int((correct != clean).sum()),
+                clean_accuracy=clean_accuracy,
+                robust_accuracy=_mean(correct.float()),
+                mean_l2=_mean(l2),
+                mean_linf=_mean(linf),
+                max_l2=_max(l2),
+                max_linf=_max(linf),
+                seconds=seconds,
+                seed=run_seed,
+            )
+        )
         masks.append((spec, norm, eps, correct))
         save()
 
@@ -716,19 +848,28 @@ def _evaluate_model(
         if info.minimum_norm:
             run_seed = derive_seed(seed, spec.key)
             bar.set_postfix_str(f"{model.name} {spec.key}", refresh=False)
-            with _rng(device, run_seed):
-                attack = build_attack(spec, module, max(spec.eps), num_classes=model.num_classes, seed=run_seed)
+            with _seeded(device, run_seed):
+                attack = build_attack(
+                    spec, module, max(spec.eps), num_classes=model.num_classes, seed=run_seed
+                )
                 run = _attack_batches(attack, module, batches, spec.key, bar)
             for eps in spec.eps:
                 inside = run.l2 <= eps
                 correct = clean & (run.correct | ~inside)
-                add(spec, eps, correct, torch.where(inside, run.l2, 0.0), torch.where(inside, run.linf, 0.0),
-                    run.seconds, run_seed)
+                add(
+                    spec,
+                    eps,
+                    correct,
+                    torch.where(inside, run.l2, 0.0),
+                    torch.where(inside, run.linf, 0.0),
+                    run.seconds,
+                    run_seed,
+                )
             continue
         for eps in spec.eps:
             run_seed = derive_seed(seed, spec.key, eps)
             bar.set_postfix_str(f"{model.name} {spec.key} eps={eps:.4g}", refresh=False)
-            with _rng(device, run_seed):
+            with _seeded(device, run_seed):
                 attack = build_attack(spec, module, eps, num_classes=model.num_classes, seed=run_seed)
                 run = _attack_batches(attack, module, batches, spec.key, bar)
             add(spec, eps, run.correct, run.l2, run.linf, run.seconds, run_seed)
@@ -738,7 +879,9 @@ def _evaluate_model(
 
 
 def _worst_case(
-    name: str, clean: torch.Tensor, clean_accuracy: float,
+    name: str,
+    clean: torch.Tensor,
+    clean_accuracy: float,
     masks: Sequence[tuple[AttackSpec, str | None, float, torch.Tensor]],
 ) -> list[WorstCaseRecord]:
     groups: dict[tuple, list[tuple[AttackSpec, float, torch.Tensor]]] = {}
@@ -747,18 +890,30 @@ def _worst_case(
         if threat not in (THREAT_FULL, THREAT_BAND) or norm is None:
             continue
         band = spec_band(spec)
-        groups.setdefault((threat != THREAT_FULL, norm, round(eps, 12), band), []).append((spec, eps, correct))
+        groups.setdefault((threat != THREAT_FULL, norm, round(eps, 12), band), []).append(
+            (spec, eps, correct)
+        )
     out = []
-    for (banded, norm, _, band), members in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2],
-                                                                                  kv[0][3] or ())):
+    for (banded, norm, _, band), members in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or ())
+    ):
         robust = clean.clone()
         for _, _, correct in members:
             robust &= correct
-        out.append(WorstCaseRecord(
-            model=name, threat=THREAT_BAND if banded else THREAT_FULL, norm=norm, eps=members[0][1],
-            band=list(band) if band else None, attacks=[s.key for s, _, _ in members], n=len(clean),
-            clean_accuracy=clean_accuracy, robust_correct=int(robust.sum()), robust_accuracy=_mean(robust.float()),
-        ))
+        out.append(
+            WorstCaseRecord(
+                model=name,
+                threat=THREAT_BAND if banded else THREAT_FULL,
+                norm=norm,
+                eps=members[0][1],
+                band=list(band) if band else None,
+                attacks=[s.key for s, _, _ in members],
+                n=len(clean),
+                clean_accuracy=clean_accuracy,
+                robust_correct=int(robust.sum()),
+                robust_accuracy=_mean(robust.float()),
+            )
+        )
     return out
 
 
@@ -807,18 +962,6 @@ def _robustness_cli(
     """
 
 
-def _resolve_config_args(argv: list[str]) -> list[str]:
-    from lightning_bandlimit.cli import recipe_path
-
-    resolved = list(argv)
-    for i, arg in enumerate(resolved):
-        if arg == "--config" and i + 1 < len(resolved):
-            resolved[i + 1] = str(recipe_path(resolved[i + 1]))
-        elif arg.startswith("--config="):
-            resolved[i] = f"--config={recipe_path(arg.split('=', 1)[1])}"
-    return resolved
-
-
 def main(args: list[str] | None = None) -> Path:
     """Entry point of ``lightning-bandlimit robustness``: parse, evaluate, print the summary.
 
@@ -852,7 +995,9 @@ def main(args: list[str] | None = None) -> Path:
     parser.add_argument("--config", action=ActionConfigFile, help="a YAML file or a packaged recipe name")
     parser.add_function_arguments(_robustness_cli, as_group=False)
     argv = sys.argv[1:] if args is None else list(args)
-    config = parser.parse_args(_resolve_config_args(argv))
+    from lightning_bandlimit.cli import resolve_config_args
+
+    config = parser.parse_args(resolve_config_args(argv))
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
     init = instantiate(config)
     sources: dict[str, str | Path] = dict(init.models or {})
@@ -862,18 +1007,33 @@ def main(args: list[str] | None = None) -> Path:
                 raise ValueError(f"model name {name!r} is given by --models and by --main_run; rename one")
             sources[name] = path
     if not sources:
-        raise ValueError("expected models to evaluate: pass --models '{name: checkpoint}' and/or --main_run PATH|latest")
+        raise ValueError(
+            "expected models to evaluate: pass --models '{name: checkpoint}' and/or --main_run PATH|latest"
+        )
     if init.data is None:
         raise ValueError("expected a datamodule: pass --data CLASS (e.g. SyntheticImageDataModule)")
     if not init.attacks:
         raise ValueError("expected attacks: pass --attacks '[{name: pgd, eps: [0, 8/255]}]' or a --config")
-    output_dir = Path(init.output_dir) if init.output_dir else (
-        Path(init.runs_dir) / f"robustness-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    output_dir = (
+        Path(init.output_dir)
+        if init.output_dir
+        else (Path(init.runs_dir) / f"robustness-{datetime.datetime.now().strftime('%Y%m%d-%H%M%S')}")
     )
     report = evaluate_robustness(
-        sources, init.data, init.attacks, output_dir, limit=init.limit, seed=init.seed, device=init.device,
-        heat_map=init.heat_map, heat_map_eps=init.heat_map_eps, heat_map_limit=init.heat_map_limit, strict=False,
-        progress=init.progress, overwrite=init.overwrite, sanity_samples=init.sanity_samples,
+        sources,
+        init.data,
+        init.attacks,
+        output_dir,
+        limit=init.limit,
+        seed=init.seed,
+        device=init.device,
+        heat_map=init.heat_map,
+        heat_map_eps=init.heat_map_eps,
+        heat_map_limit=init.heat_map_limit,
+        strict=False,
+        progress=init.progress,
+        overwrite=init.overwrite,
+        sanity_samples=init.sanity_samples,
     )
     print(report.summary)
     if init.strict and not report.passed:
