@@ -65,7 +65,8 @@ def test_resume_from_checkpoint_continues_with_saved_compression(tmp_path: Path,
     callback.compression = 0.6  # e.g. moved by a controller during the run
     ckpt = tmp_path / "run.ckpt"
     trainer.save_checkpoint(ckpt)
-    assert torch.load(ckpt, weights_only=False)["callbacks"][callback.state_key] == {"compression": 0.6}
+    saved = torch.load(ckpt, weights_only=False)["callbacks"][callback.state_key]
+    assert saved == {"compression": 0.6, "include": None, "exclude": None, "pointwise": False}
 
     resumed_model, resumed = _model(), BandLimit(compression=0.1)
     trainer = _trainer(tmp_path, [resumed], max_steps=4)
