@@ -36,7 +36,7 @@ import copy
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.data import _update_dataloader
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 from typing_extensions import override
 
@@ -128,7 +129,6 @@ class ElasticDDPStrategy(DDPStrategy):
         self.samples_seen = 0
         self.resized_from: int | None = None
         self.sampler: ElasticSampler | None = None
-        self.retries = 0
         self.rollbacks: list[dict[str, Any]] = []
         self.gain = 1.0
         self._restored: dict[str, Any] | None = None
@@ -141,6 +141,7 @@ class ElasticDDPStrategy(DDPStrategy):
         self._norms: GradientNormState | None = None
         self._noise: dict[str, float] = {}  # AdaScale: running tr(Sigma) and |G|^2
         self._launched_accumulation: int | None = None
+        self._warned_no_statistics = False
 
     # ------------------------------------------------------------------ environment
 
@@ -249,15 +250,12 @@ class ElasticDDPStrategy(DDPStrategy):
 
     @override
     def load_optimizer_state_dict(self, checkpoint: Any) -> None:
+        # torch fails with a bare KeyError when the optimizer family changed: say so first
         for optimizer, state in zip(self.optimizers, checkpoint.get("optimizer_states", [])):
-            saved = {key for group in state.get("param_groups", []) for key in group if key != "params"}
-            mine = {key for group in optimizer.param_groups for key in group if key != "params"}
-            if saved and saved != mine and not ({"betas"} <= saved) == ({"betas"} <= mine):
-                was = "an Adam-family optimizer" if "betas" in saved else "an optimizer without betas"
-                now = "an Adam-family optimizer" if "betas" in mine else "an optimizer without betas"
-                raise ValueError(
-                    f"ElasticDDPStrategy: the checkpoint {self._restored_path} was written with {was} "
-                    f"({type(optimizer).__name__} expected), this run uses {now}; it cannot resume it (nothing was written)"
+            saved_groups = state.get("param_groups", [])
+            if saved_groups:
+                self._check_optimizer_family(
+                    any("betas" in g for g in saved_groups), any("betas" in g for g in optimizer.param_groups)
                 )
         try:
             super().load_optimizer_state_dict(checkpoint)
@@ -352,16 +350,21 @@ class ElasticDDPStrategy(DDPStrategy):
                 f"{self.reference.per_device_batch}, this run has {launched.per_device_batch}; the rules rescale for a "
                 "change in the number of processes, so keep the per-device batch (nothing was written)"
             )
-        if (self.reference.betas is None) != (launched.betas is None):
-            kinds = ("an Adam-family optimizer", "an optimizer without betas")
-            was, now = (kinds[0], kinds[1]) if self.reference.betas is not None else (kinds[1], kinds[0])
-            raise ValueError(f"ElasticDDPStrategy: {where} was written with {was}, this run uses {now} (nothing was written)")
+        self._check_optimizer_family(self.reference.betas is not None, launched.betas is not None)
         try:
             self.rule.adjust(self.reference, self.world_size, accumulation=launched.accumulation)
         except ValueError as error:
             raise ValueError(
                 f"ElasticDDPStrategy: the rule {self.rule!r} cannot apply to {where}: {error} (nothing was written)"
             ) from None
+
+    def _check_optimizer_family(self, saved_has_betas: bool, has_betas: bool) -> None:
+        if saved_has_betas != has_betas:
+            kinds = {True: "an Adam-family optimizer", False: "an optimizer without betas"}
+            raise ValueError(
+                f"ElasticDDPStrategy: the checkpoint {self._restored_path} was written with {kinds[saved_has_betas]}, "
+                f"this run uses {kinds[has_betas]}; it cannot resume it (nothing was written)"
+            )
 
     def _rebase_epoch_progress(self, trainer: pl.Trainer) -> None:
         """Re-count the resumed epoch's finished batches in batches of *this* world size.
@@ -423,8 +426,7 @@ class ElasticDDPStrategy(DDPStrategy):
         if target.betas is not None:
             metrics["ElasticDDPStrategy/beta1"] = target.betas[0]
             metrics["ElasticDDPStrategy/beta2"] = target.betas[1]
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
+        _log_metrics(trainer, metrics)
         rank_zero_info(
             f"ElasticDDPStrategy: world size {previous} -> {self.world_size} ({self.rule!r}, damping {damping:g}): "
             f"global batch {target.global_batch}, lr {target.lr:.4g}, momentum {target.momentum}, betas "
@@ -434,14 +436,8 @@ class ElasticDDPStrategy(DDPStrategy):
     # ------------------------------------------------------------------ stability guard
 
     def _take_snapshot(self, trainer: pl.Trainer) -> dict[str, Any]:
-        def to_cpu(obj: Any) -> Any:
-            if isinstance(obj, torch.Tensor):
-                return obj.detach().to("cpu", copy=True)
-            if isinstance(obj, dict):
-                return {k: to_cpu(v) for k, v in obj.items()}
-            if isinstance(obj, (list, tuple)):
-                return type(obj)(to_cpu(v) for v in obj)
-            return copy.deepcopy(obj)
+        def to_cpu(obj: Any) -> Any:  # copies: state_dict tensors alias the live ones
+            return apply_to_collection(obj, torch.Tensor, lambda t: t.detach().to("cpu", copy=True))
 
         return {
             "model": to_cpu(self.lightning_module.state_dict()),
@@ -468,17 +464,16 @@ class ElasticDDPStrategy(DDPStrategy):
                 config.scheduler.advance(self.samples_seen - snapshot["samples_seen"])
         self.applied = snapshot["applied"]
         trainer.accumulate_grad_batches = snapshot["accumulation"]
-        self.retries += 1
-        damping = self.guard.damping(self.retries)
-        event = {"step": trainer.global_step, "retry": self.retries, "damping": damping, "samples_seen": self.samples_seen}
+        retry = len(self.rollbacks) + 1
+        damping = self.guard.damping(retry)
+        event = {"step": trainer.global_step, "retry": retry, "damping": damping, "samples_seen": self.samples_seen}
         self.rollbacks.append(event)
         rank_zero_warn(
             f"ElasticDDPStrategy: the loss diverged after the resize {self.resized_from} -> {self.world_size}; rolled "
             f"back to the state at the resize and retrying with damping {damping:g}"
             + (" (no rescaling)" if damping == 0 else "")
         )
-        for logger in trainer.loggers:
-            logger.log_metrics({"ElasticDDPStrategy/rollback": float(self.retries)}, step=trainer.global_step)
+        _log_metrics(trainer, {"ElasticDDPStrategy/rollback": float(retry)})
         self._apply_rule(trainer, damping=damping)
         self.guard.start()
 
@@ -558,8 +553,7 @@ class ElasticDDPStrategy(DDPStrategy):
             metrics = {"ElasticDDPStrategy/gain": self.gain}
             if self._noise.get("mu2", 0) > 0:
                 metrics["ElasticDDPStrategy/noise_scale"] = self._noise["trace"] / self._noise["mu2"]
-            for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
+            _log_metrics(trainer, metrics)
         return output
 
     def _rewarm_factor(self) -> float:
@@ -589,20 +583,27 @@ class ElasticDDPStrategy(DDPStrategy):
                 self._noise[key] = value if old is None else (1 - smoothing) * old + smoothing * value
         scale = self.world_size * self._batch_size() * self.lightning_module.trainer.accumulate_grad_batches
         scale /= self.reference.global_batch
-        if "trace" not in self._noise or math.isclose(scale, 1.0):
-            self.gain = 1.0 if "trace" in self._noise or math.isclose(scale, 1.0) else self._no_statistics(scale)
+        if math.isclose(scale, 1.0):
+            self.gain = 1.0
+        elif "trace" not in self._noise:
+            self.gain = self._no_statistics(scale)
         else:
             self.gain = adascale_gain(self._noise["trace"] / self.reference.global_batch, self._noise["mu2"], scale)
         return self.gain
 
     def _no_statistics(self, scale: float) -> float:
-        if not getattr(self, "_warned_no_statistics", False):
+        if not self._warned_no_statistics:
             self._warned_no_statistics = True
             rank_zero_warn(
                 "ElasticDDPStrategy: AdaScale has no gradient statistics yet (they need 2+ processes); "
                 f"training at scale {scale:g} with gain 1 until it has"
             )
         return 1.0
+
+
+def _log_metrics(trainer: pl.Trainer, metrics: dict[str, float]) -> None:
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=trainer.global_step)
 
 
 def _config(saved: dict[str, Any]) -> TrainingConfig:

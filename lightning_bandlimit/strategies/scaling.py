@@ -289,7 +289,7 @@ class NoScaling(ScalingRule):
         return replace(reference, world_size=world_size, accumulation=accumulation, warmup_samples=0)
 
 
-class AdaScale(ScalingRule):
+class AdaScale(NoScaling):
     """AdaScale (Johnson et al. 2020): the LR gain is measured while training, not fixed.
 
     :meth:`adjust` returns the reference hyperparameters at the new world size (LR, momentum and
@@ -319,13 +319,6 @@ class AdaScale(ScalingRule):
         if not 0 < smoothing <= 1:
             raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
         self.smoothing = smoothing
-
-    def adjust(
-        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
-    ) -> TrainingConfig:
-        accumulation = accumulation or reference.accumulation
-        self._factor(reference, world_size, accumulation, damping)  # argument checks
-        return replace(reference, world_size=world_size, accumulation=accumulation, warmup_samples=0)
 
 
 def default_rule(optimizer: torch.optim.Optimizer) -> ScalingRule:

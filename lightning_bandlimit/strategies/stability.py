@@ -82,7 +82,7 @@ class StabilityGuard:
         self.max_retries, self.damping_factor = max_retries, float(damping_factor)
         self.trend: deque[float] = deque(maxlen=history)
         self._watched: list[float] | None = None
-        self._limit = None
+        self._limit: float | None = None  # the median loss above which an adjustment diverged
 
     @property
     def watching(self) -> bool:
@@ -95,7 +95,7 @@ class StabilityGuard:
         if finite:
             median = statistics.median(finite)
             sigma = 1.4826 * statistics.median(abs(x - median) for x in finite)
-            self._limit: float | None = max(self.tolerance * median, median + self.spread * sigma) + 1e-3
+            self._limit = max(self.tolerance * median, median + self.spread * sigma) + 1e-3
         else:
             self._limit = None
         self._watched = []
