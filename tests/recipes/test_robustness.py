@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
+from tiny_task import CLASSES, make_data, trained_linear_classifier
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchattacks.attack import Attack
@@ -35,31 +36,12 @@ from lightning_bandlimit.recipes.robustness import (
 )
 from lightning_bandlimit.recipes.sanity import SanityCheckError
 
-CLASSES = 4
 PACKAGED = Path(__file__).resolve().parents[2] / "lightning_bandlimit" / "configs" / "robustness.yaml"
-
-
-def make_data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Four classes of 3x8x8 images: a random template per class plus noise, in [0, 1]."""
-    g = torch.Generator().manual_seed(1234)
-    templates = torch.rand(CLASSES, 3, 8, 8, generator=g)
-    g.manual_seed(seed)
-    labels = torch.arange(n) % CLASSES
-    images = (0.25 + 0.5 * templates[labels] + 0.05 * torch.randn(n, 3, 8, 8, generator=g)).clamp(0, 1)
-    return images, labels
 
 
 @pytest.fixture(scope="module")
 def model() -> nn.Module:
-    torch.manual_seed(0)
-    images, labels = make_data(256)
-    net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, CLASSES))
-    optimizer = torch.optim.Adam(net.parameters(), lr=0.05)
-    for _ in range(60):
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(net(images), labels).backward()
-        optimizer.step()
-    return net.eval()
+    return trained_linear_classifier()
 
 
 def loader(n: int = 32, seed: int = 1, batch_size: int = 16) -> DataLoader:
