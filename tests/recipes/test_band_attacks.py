@@ -7,24 +7,14 @@ import math
 import pytest
 import torch
 import torchattacks
+from tiny_task import BandFilter
 from torch import nn
 
 from lightning_bandlimit.recipes.band_attacks import BandNoise, BandPGD
-from lightning_bandlimit.recipes.frequency_band import band_mask, band_project
+from lightning_bandlimit.recipes.frequency_band import band_mask
 
 SHAPE = (3, 16, 16)
 BUDGETS = {"Linf": 8 / 255, "L2": 0.5}
-
-
-class BandFilter(nn.Module):
-    """A fixed first layer that keeps only one band of its input."""
-
-    def __init__(self, band: tuple[float, float]) -> None:
-        super().__init__()
-        self.band = band
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return band_project(x, self.band)
 
 
 def filtered_linear(band: tuple[float, float], dtype: torch.dtype = torch.float32) -> nn.Module:

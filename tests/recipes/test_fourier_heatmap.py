@@ -8,6 +8,7 @@ import matplotlib
 import numpy as np
 import pytest
 import torch
+from tiny_task import BandFilter
 from torch import nn
 
 from lightning_bandlimit.recipes.fourier_heatmap import (
@@ -16,7 +17,7 @@ from lightning_bandlimit.recipes.fourier_heatmap import (
     fourier_heat_map,
     save_heat_map,
 )
-from lightning_bandlimit.recipes.frequency_band import band_mask, band_project
+from lightning_bandlimit.recipes.frequency_band import band_mask
 
 SIZES = [(8, 8), (7, 5), (6, 9), (1, 4), (2, 2)]
 
@@ -24,15 +25,6 @@ SIZES = [(8, 8), (7, 5), (6, 9), (1, 4), (2, 2)]
 def mirror(t: torch.Tensor) -> torch.Tensor:
     """``t[-i, -j]`` for every ``(i, j)``."""
     return torch.roll(torch.flip(t, (-2, -1)), (1, 1), (-2, -1))
-
-
-class BandFilter(nn.Module):
-    def __init__(self, band: tuple[float, float]) -> None:
-        super().__init__()
-        self.band = band
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return band_project(x, self.band)
 
 
 def filtered_linear(band: tuple[float, float], shape: tuple[int, int, int] = (3, 8, 8)) -> nn.Module:

@@ -1,7 +1,9 @@
-"""A tiny 4-class task and a linear classifier that solves it, shared by the recipe tests."""
+"""Shared by the recipe tests: a tiny 4-class task, a linear classifier that solves it, a band filter."""
 
 import torch
 from torch import nn
+
+from lightning_bandlimit.recipes.frequency_band import band_project
 
 CLASSES = 4
 
@@ -27,3 +29,14 @@ def trained_linear_classifier() -> nn.Module:
         nn.functional.cross_entropy(net(images), labels).backward()
         optimizer.step()
     return net.eval()
+
+
+class BandFilter(nn.Module):
+    """A fixed first layer that keeps only one band of its input."""
+
+    def __init__(self, band: tuple[float, float]) -> None:
+        super().__init__()
+        self.band = band
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return band_project(x, self.band)
