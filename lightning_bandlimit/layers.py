@@ -20,7 +20,7 @@ from lightning_bandlimit.functional import check_compression, fft_conv1d, fft_co
 __all__ = ["BandLimitedConv1d", "BandLimitedConv2d", "BandLimitedConvNd"]
 
 _Self = TypeVar("_Self", bound="BandLimitedConvNd")
-_BANDLIMIT_ATTRIBUTES = ("_compression", "achieved_compression")
+_BANDLIMIT_ATTRIBUTES = ("_compression", "achieved_compression", "memory_lean")
 
 
 def _twin(source: nn.Module, cls: type, skip: tuple[str, ...] = ()) -> Any:
@@ -40,16 +40,21 @@ class BandLimitedConvNd:
             may be changed at any time, it applies from the next forward pass.
         achieved_compression: the quantised rate actually applied in the last forward pass
             (``None`` before the first one); it depends on the input size.
+        memory_lean: keep for backward only the smallest exact form of the input and offer the
+            output as its spectrum to a following lean BatchNorm (see ``memory_lean`` in
+            :func:`~lightning_bandlimit.functional.fft_conv2d`); on by default, may be changed
+            at any time.
     """
 
     _plain: type[nn.Module]  # the convolution class this one band-limits
     _functional: Callable[..., torch.Tensor]  # fft_conv1d or fft_conv2d
     _compression: float
     achieved_compression: float | None
+    memory_lean: bool
 
-    def __init__(self, *args: Any, compression: float = 0.0, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, compression: float = 0.0, memory_lean: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._init_bandlimit(compression)
+        self._init_bandlimit(compression, memory_lean)
 
     def _conv_forward(
         self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
@@ -64,13 +69,17 @@ class BandLimitedConvNd:
             self.groups,  # type: ignore[attr-defined]
             padding_mode=self.padding_mode,  # type: ignore[attr-defined]
             compression=self._compression,
+            memory_lean=self.memory_lean,
         )
         self._record_band(input)
         return out
 
-    def _init_bandlimit(self, compression: float) -> None:
+    def _init_bandlimit(self, compression: float, memory_lean: bool = True) -> None:
+        if not isinstance(memory_lean, bool):
+            raise TypeError(f"memory_lean must be a bool, got {memory_lean!r}")
         self.compression = compression
         self.achieved_compression = None
+        self.memory_lean = memory_lean
 
     @property
     def compression(self) -> float:
@@ -81,7 +90,7 @@ class BandLimitedConvNd:
         self._compression = check_compression(value)
 
     @classmethod
-    def from_conv(cls: type[_Self], conv: nn.Module, compression: float = 0.0) -> _Self:
+    def from_conv(cls: type[_Self], conv: nn.Module, compression: float = 0.0, memory_lean: bool = True) -> _Self:
         """A band-limited twin of ``conv`` that shares its ``Parameter`` objects.
 
         Everything else (buffers, hooks, train/eval mode, user attributes) is copied, so the
@@ -91,6 +100,7 @@ class BandLimitedConvNd:
             conv: an ``nn.Conv2d`` (for :class:`BandLimitedConv2d`) or ``nn.Conv1d``, or a
                 band-limited layer of the same dimensionality.
             compression: the twin's compression, in ``[0, 1)``.
+            memory_lean: the twin's ``memory_lean`` (see the class attributes).
 
         Raises:
             TypeError: if ``conv`` is not a plain convolution of the matching dimensionality.
@@ -109,7 +119,7 @@ class BandLimitedConvNd:
             )
         compression = check_compression(compression)
         twin = _twin(conv, cls)
-        twin._init_bandlimit(compression)
+        twin._init_bandlimit(compression, memory_lean)
         return twin
 
     def to_conv(self) -> nn.Module:
@@ -131,7 +141,8 @@ class BandLimitedConvNd:
         self.achieved_compression = spectral_band(grid, self._compression).compression
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, compression={self._compression}"  # type: ignore[misc]
+        lean = "" if self.memory_lean else ", memory_lean=False"
+        return f"{super().extra_repr()}, compression={self._compression}{lean}"  # type: ignore[misc]
 
 
 class BandLimitedConv2d(BandLimitedConvNd, nn.Conv2d):
@@ -145,6 +156,8 @@ class BandLimitedConv2d(BandLimitedConvNd, nn.Conv2d):
         in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
             padding_mode, device, dtype: as ``nn.Conv2d``.
         compression: fraction of spectral coefficients to discard, in ``[0, 1)``.
+        memory_lean: keep the smallest exact form for backward (see the attributes of
+            :class:`BandLimitedConvNd`).
 
     Raises:
         ValueError: if ``compression`` is outside ``[0, 1)``, or as ``nn.Conv2d``.
@@ -172,6 +185,7 @@ class BandLimitedConv1d(BandLimitedConvNd, nn.Conv1d):
         in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias,
             padding_mode, device, dtype: as ``nn.Conv1d``.
         compression: fraction of spectral coefficients to discard, in ``[0, 1)``.
+        memory_lean: as :class:`BandLimitedConv2d`.
 
     Raises:
         ValueError: if ``compression`` is outside ``[0, 1)``, or as ``nn.Conv1d``.

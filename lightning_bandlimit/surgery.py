@@ -13,6 +13,13 @@ qualified names. **1x1 convolutions are skipped by default** (``pointwise=False`
 spatial extent, so in the frequency domain they cost the same channel mixing as directly plus
 two transforms, and band-limiting one only low-passes its input. ResNet's 1x1 downsampling
 shortcuts therefore stay plain unless ``pointwise=True``.
+
+**Memory-lean training** (``memory_lean=True``, the default): the selected ``nn.BatchNorm1d/2d``,
+``nn.ReLU``, ``nn.MaxPool2d`` and the convolutions left plain (1x1) become their memory-lean twins
+(:mod:`lightning_bandlimit.lean_layers`), swapped the same way, and the band-limited layers keep
+the smallest exact form of their input. Together they keep for backward, per conv-BN-ReLU, the
+kept spectrum of the convolution's output and a bit mask instead of three full-size tensors;
+gradients are unchanged (to round-off). ``unbandlimit`` turns them back as well.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from torch import nn
 
 from lightning_bandlimit.functional import check_compression
 from lightning_bandlimit.layers import BandLimitedConv1d, BandLimitedConv2d, BandLimitedConvNd
+from lightning_bandlimit.lean_layers import LEAN_TWINS, LeanModule
 
 __all__ = ["bandlimit", "bandlimited_layers", "normalize_patterns", "set_compression", "unbandlimit"]
 
@@ -95,6 +103,7 @@ def bandlimit(
     include: Patterns = None,
     exclude: Patterns = None,
     pointwise: bool = False,
+    memory_lean: bool = True,
 ) -> nn.Module:
     """Band-limit ``model``'s convolutions in place (see the module docstring for which).
 
@@ -106,44 +115,58 @@ def bandlimit(
             convolutions are converted.
         exclude: glob patterns; matching convolutions are not converted.
         pointwise: also convert 1x1 convolutions.
+        memory_lean: also swap the selected BatchNorm, ReLU, max-pool and remaining plain
+            convolution modules for their memory-lean twins, and make the converted layers keep
+            the smallest exact form of their input (module docstring). ``False`` changes the
+            convolutions only.
 
     Returns:
         ``model``.
 
     Raises:
         ValueError: if ``compression`` is outside ``[0, 1)``.
-        TypeError: if a pattern argument is not a string or a sequence of strings.
+        TypeError: if a pattern argument is not a string or a sequence of strings, or
+            ``pointwise`` / ``memory_lean`` is not a bool.
 
     Example:
         >>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 1))
         >>> bandlimit(model, 0.5)
         Sequential(
           (0): BandLimitedConv2d(3, 8, kernel_size=(3, 3), stride=(1, 1), compression=0.5)
+          (1): LeanReLU()
+          (2): LeanConv2d(8, 4, kernel_size=(1, 1), stride=(1, 1))
+        )
+        >>> unbandlimit(model)
+        Sequential(
+          (0): Conv2d(3, 8, kernel_size=(3, 3), stride=(1, 1))
           (1): ReLU()
           (2): Conv2d(8, 4, kernel_size=(1, 1), stride=(1, 1))
         )
-        >>> unbandlimit(model)[0]
-        Conv2d(3, 8, kernel_size=(3, 3), stride=(1, 1))
+        >>> bandlimit(model, 0.5, memory_lean=False)[1]
+        ReLU()
     """
     compression = check_compression(compression)
-    if not isinstance(pointwise, bool):
-        raise TypeError(f"pointwise must be a bool, got {pointwise!r}")
+    if not isinstance(pointwise, bool) or not isinstance(memory_lean, bool):
+        raise TypeError(f"pointwise and memory_lean must be bools, got {pointwise!r} and {memory_lean!r}")
     inc, exc = normalize_patterns("include", include), normalize_patterns("exclude", exclude)
+    selected = [module for name, module in model.named_modules() if _selected(name, inc, exc)]
     chosen = [
         module
-        for name, module in model.named_modules()
-        if type(module) in _TWINS
-        and _selected(name, inc, exc)
-        and (pointwise or any(k != 1 for k in module.kernel_size))  # type: ignore[union-attr]
+        for module in selected
+        if type(module) in _TWINS and (pointwise or any(k != 1 for k in module.kernel_size))  # type: ignore[union-attr]
     ]
+    converted = {id(m) for m in chosen}
+    companions = [m for m in selected if memory_lean and type(m) in LEAN_TWINS and id(m) not in converted]
     for module in chosen:
         module.__class__ = _TWINS[type(module)]  # type: ignore[assignment]
-        module._init_bandlimit(compression)  # type: ignore[operator]
+        module._init_bandlimit(compression, memory_lean)  # type: ignore[operator]
+    for module in companions:
+        module.__class__ = LEAN_TWINS[type(module)]  # type: ignore[assignment]
     return model
 
 
 def unbandlimit(model: nn.Module) -> nn.Module:
-    """Turn every band-limited layer of ``model`` back into its plain convolution, in place.
+    """Turn every band-limited layer and memory-lean module of ``model`` back into its plain class.
 
     The exact inverse of :func:`bandlimit`: the same module objects, parameters and hooks.
 
@@ -159,9 +182,12 @@ def unbandlimit(model: nn.Module) -> nn.Module:
         'Conv1d'
     """
     chosen = [module for _, module in bandlimited_layers(model)]
+    lean = [module for module in model.modules() if isinstance(module, LeanModule)]
     for module in chosen:
-        del module._compression, module.achieved_compression
+        del module._compression, module.achieved_compression, module.memory_lean
         module.__class__ = module._plain
+    for module in lean:
+        module.__class__ = module._plain  # type: ignore[assignment]
     return model
 
 

@@ -10,17 +10,24 @@ With compression ``c > 0`` only a low-frequency box of the spectrum is kept
 (:func:`~lightning_bandlimit.functional.band.spectral_band`), for the input, the filter and hence
 the output; the backward pass works on the same box. Saved for backward: the input's kept
 spectrum and the weight tensor itself (a parameter, alive anyway); the filter spectrum is
-recomputed, because for wide layers it is larger than the activation.
+recomputed, because for wide layers it is larger than the activation. With ``memory_lean``
+the input is kept in its smallest exact form instead and the output offered as its spectrum to
+the op that consumes it (:mod:`.sources`, :mod:`.lean_ops`).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 from torch.autograd.function import once_differentiable
 
 from lightning_bandlimit.functional.band import check_compression
 from lightning_bandlimit.functional.dft_plan import DFTPlan, dft_plan
-from lightning_bandlimit.functional.geometry import IntOrTuple, resolve_geometry
+from lightning_bandlimit.functional.geometry import ConvGeometry, IntOrTuple, resolve_geometry
+from lightning_bandlimit.functional.lean_ops import lean_conv, lean_wanted
+from lightning_bandlimit.functional.sources import Saved, Source, lookup, publish, rebuild
 
 __all__ = ["fft_conv1d", "fft_conv2d"]
 
@@ -153,45 +160,127 @@ def _mix_grad_filter(out: torch.Tensor, x: torch.Tensor, g: torch.Tensor, groups
             _mix_grad_filter(out[:, :, os], x[..., cs], g[..., os], 1)
 
 
+def _as_2d(t: torch.Tensor, spatial_dims: int) -> torch.Tensor:
+    return t.unsqueeze(-2) if spatial_dims == 1 else t
+
+
+def _output(
+    y_spec: torch.Tensor, plan: DFTPlan, bias: torch.Tensor | None, spatial_dims: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The layer's output from its kept spectrum: the one computation forward and recompute share."""
+    out = _synthesise(y_spec, plan)
+    if bias is not None:
+        out += bias.to(out.dtype).view(1, -1, 1, 1)
+    if spatial_dims == 1:
+        out = out.squeeze(-2)
+    return out.to(dtype)
+
+
+@dataclass(frozen=True)
+class Spectrum(Source):
+    """A band-limited convolution's output, rebuilt from its kept spectrum (and the bias)."""
+
+    plan: DFTPlan
+    has_bias: bool
+    spatial_dims: int
+    dtype: torch.dtype
+
+    def rebuild(self, tensors: Iterator[torch.Tensor]) -> torch.Tensor:
+        y_spec = next(tensors)
+        bias = next(tensors) if self.has_bias else None
+        return _output(y_spec, self.plan, bias, self.spatial_dims, self.dtype)
+
+
+# What a band-limited convolution keeps of its input for the weight gradient.
+KEEP_SPECTRUM = "spectrum"  # the kept input spectrum (always)
+KEEP_SMALLER = "smaller"  # the input's published recipe if any, else spectrum or input, whichever is smaller
+
+
 class _FFTConv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, plan: DFTPlan) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        plan: DFTPlan,
+        spatial_dims: int,
+        out_dtype: torch.dtype,
+        keep: str,
+        return_spectrum: bool,
+        source: Source | None,
+        *source_tensors: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        compute = plan.analysis_w.dtype
         groups = plan.geometry.groups
-        weight = weight.contiguous()
+        x = _as_2d(input.to(compute), spatial_dims)
+        w = _as_2d(weight.to(compute), spatial_dims).contiguous()
         x_spec = _analyse(x, plan)
-        y_spec = x_spec.new_empty(2, x_spec.shape[1], x_spec.shape[2], weight.shape[0])
-        chunks = _chunks(plan, weight.shape, weight.element_size())
-        buffer = weight.new_empty(2, chunks[0][1], weight.shape[0], weight.shape[1])
+        y_spec = x_spec.new_empty(2, x_spec.shape[1], x_spec.shape[2], w.shape[0])
+        chunks = _chunks(plan, w.shape, w.element_size())
+        buffer = w.new_empty(2, chunks[0][1], w.shape[0], w.shape[1])
         for f0, f1 in chunks:
-            w_spec = _filter_chunk(plan, weight, f0, f1, buffer)
+            w_spec = _filter_chunk(plan, w, f0, f1, buffer)
             _mix(y_spec[:, f0:f1], x_spec[:, f0:f1], w_spec, groups)
-        ctx.plan = plan
-        ctx.save_for_backward(x_spec if ctx.needs_input_grad[1] else None, weight)
-        return _synthesise(y_spec, plan)
+        out = _output(y_spec, plan, bias, spatial_dims, out_dtype)
+
+        kept: tuple[torch.Tensor, ...] = ()
+        if not ctx.needs_input_grad[1]:
+            source = None
+        elif keep == KEEP_SMALLER and source is not None:
+            kept = source_tensors
+        elif keep == KEEP_SMALLER and input.nbytes <= x_spec.nbytes:
+            source, kept = Saved(), (input,)
+        else:
+            source, kept = None, (x_spec,)
+        ctx.plan, ctx.source, ctx.spatial_dims = plan, source, spatial_dims
+        ctx.input_dtype, ctx.has_bias, ctx.extra = input.dtype, bias is not None, len(source_tensors)
+        ctx.save_for_backward(weight, *kept)
+        y_spec = y_spec if return_spectrum else y_spec.new_empty(0)
+        ctx.mark_non_differentiable(y_spec)
+        return out, y_spec
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad_out: torch.Tensor, _: torch.Tensor):  # type: ignore[override]
         plan: DFTPlan = ctx.plan
-        groups = plan.geometry.groups
-        x_spec, weight = ctx.saved_tensors
-        need_x, need_w = ctx.needs_input_grad[:2]
-        g_spec = _synthesise_adjoint(grad_out, plan)
-        chunks = _chunks(plan, weight.shape, weight.element_size())
-        buffer = weight.new_empty(2, chunks[0][1], weight.shape[0], weight.shape[1])
-        channels = weight.shape[1] * groups
+        groups, spatial_dims = plan.geometry.groups, ctx.spatial_dims
+        weight, *kept = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        compute = plan.analysis_w.dtype
+        grad = _as_2d(grad_out.to(compute), spatial_dims)
+        w = _as_2d(weight.to(compute), spatial_dims).contiguous()
+        x_spec = None
+        if need_w:
+            if ctx.source is None:
+                (x_spec,) = kept
+            else:
+                x_spec = _analyse(_as_2d(rebuild(ctx.source, kept).to(compute), spatial_dims), plan)
+        g_spec = _synthesise_adjoint(grad, plan)
+        chunks = _chunks(plan, w.shape, w.element_size())
+        buffer = w.new_empty(2, chunks[0][1], w.shape[0], w.shape[1])
+        channels = w.shape[1] * groups
         gx_spec = g_spec.new_empty(2, g_spec.shape[1], g_spec.shape[2], channels) if need_x else None
-        grad_w = weight.new_zeros(weight.shape[0] * weight.shape[1], plan.filter_analysis.shape[1]) if need_w else None
+        grad_w = w.new_zeros(w.shape[0] * w.shape[1], plan.filter_analysis.shape[1]) if need_w else None
         for f0, f1 in chunks:
             if need_x:
-                w_spec = _filter_chunk(plan, weight, f0, f1, buffer)
+                w_spec = _filter_chunk(plan, w, f0, f1, buffer)
                 _mix_grad_input(gx_spec[:, f0:f1], g_spec[:, f0:f1], w_spec, groups)
             if need_w:
                 gw_spec = buffer[:, : f1 - f0]
                 _mix_grad_filter(gw_spec, x_spec[:, f0:f1], g_spec[:, f0:f1], groups)
                 _accumulate_filter_grad(grad_w, plan, gw_spec, f0, f1)
-        grad_x = _analyse_adjoint(gx_spec, plan, plan.geometry.in_size[0]) if need_x else None
-        return grad_x, grad_w.view(weight.shape) if need_w else None, None
+        grad_x = None
+        if need_x:
+            grad_x = _analyse_adjoint(gx_spec, plan, plan.geometry.in_size[0])
+            grad_x = (grad_x.squeeze(-2) if spatial_dims == 1 else grad_x).to(ctx.input_dtype)
+        grad_b = grad.sum((0, 2, 3)).to(weight.dtype) if need_b and ctx.has_bias else None
+        return (
+            grad_x,
+            grad_w.view(weight.shape).to(weight.dtype) if need_w else None,
+            grad_b,
+            *(None for _ in range(6 + ctx.extra)),
+        )
 
 
 def _dtypes(input: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
@@ -215,6 +304,7 @@ def _fft_conv(
     padding_mode: str,
     compression: float,
     spatial_dims: int,
+    memory_lean: bool = False,
 ) -> torch.Tensor:
     compression = check_compression(compression)
     if not isinstance(input, torch.Tensor):
@@ -226,18 +316,41 @@ def _fft_conv(
     )
     compute_dtype, out_dtype = _dtypes(batched)
     plan = dft_plan(geometry, compression, compute_dtype, batched.device)
-    x, w = batched.to(compute_dtype), weight.to(compute_dtype)
-    if spatial_dims == 1:
-        x, w = x.unsqueeze(-2), w.unsqueeze(-2)
+    lean = memory_lean and not unbatched and lean_wanted(batched, weight, bias)
+    if lean and plan.band.is_full and padding_mode == "zeros" and _symmetric(geometry):
+        # The full band is the convolution itself: the native kernel is exact and cheapest.
+        pads = tuple(p for p, _ in geometry.pads[2 - spatial_dims :])
+        strides, dilations = geometry.stride[2 - spatial_dims :], geometry.dilation[2 - spatial_dims :]
+        return lean_conv(batched, weight, bias, strides, pads, dilations, groups)
+    found = lookup(batched) if lean else None
+    source, tensors = found if found is not None else (None, ())
+    out_numel = batched.shape[0] * weight.shape[0] * geometry.out_size[0] * geometry.out_size[1]
+    spectrum_numel = 2 * plan.band.kept * batched.shape[0] * weight.shape[0]
+    publish_spectrum = lean and spectrum_numel * _itemsize(compute_dtype) < out_numel * _itemsize(out_dtype)
     with torch.autocast(batched.device.type, enabled=False):
-        out = _FFTConv.apply(x, w, plan)
-        if bias is not None:
-            out = out + bias.to(compute_dtype).view(1, -1, 1, 1)
-    if spatial_dims == 1:
-        out = out.squeeze(-2)
-    if unbatched:
-        out = out.squeeze(0)
-    return out.to(out_dtype)
+        out, y_spec = _FFTConv.apply(
+            batched,
+            weight,
+            bias,
+            plan,
+            spatial_dims,
+            out_dtype,
+            KEEP_SMALLER if lean else KEEP_SPECTRUM,
+            publish_spectrum,
+            source,
+            *tensors,
+        )
+    if publish_spectrum:
+        publish(out, Spectrum(plan, bias is not None, spatial_dims, out_dtype), (y_spec,) if bias is None else (y_spec, bias))
+    return out.squeeze(0) if unbatched else out
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _symmetric(geometry: ConvGeometry) -> bool:
+    return all(before == after for before, after in geometry.pads)
 
 
 def fft_conv2d(
@@ -251,6 +364,7 @@ def fft_conv2d(
     *,
     padding_mode: str = "zeros",
     compression: float = 0.0,
+    memory_lean: bool = False,
 ) -> torch.Tensor:
     """2-D convolution (cross-correlation) computed in the frequency domain, optionally band-limited.
 
@@ -276,6 +390,12 @@ def fft_conv2d(
         groups: number of blocked connections from input to output channels.
         padding_mode: ``"zeros"``, ``"reflect"``, ``"replicate"`` or ``"circular"``.
         compression: fraction of spectral coefficients to discard, in ``[0, 1)``.
+        memory_lean: while gradients are recorded, keep for backward the smallest exact form of
+            the input (the recipe an earlier lean op published for it, its kept spectrum, or the
+            input itself), offer the output's kept spectrum to a following lean BatchNorm
+            (:mod:`~lightning_bandlimit.functional.lean_ops`), and at a full band (e.g.
+            ``compression=0``) run the native convolution, which is exact. The result and the
+            gradients are the same either way (to round-off).
 
     Returns:
         ``(N, C_out, H_out, W_out)`` (or unbatched), as ``F.conv2d``.
@@ -294,7 +414,9 @@ def fft_conv2d(
         >>> fft_conv2d(x, w, padding=1, compression=0.5).shape
         torch.Size([2, 4, 16, 16])
     """
-    return _fft_conv(input, weight, bias, stride, padding, dilation, groups, padding_mode, compression, 2)
+    return _fft_conv(
+        input, weight, bias, stride, padding, dilation, groups, padding_mode, compression, 2, memory_lean
+    )
 
 
 def fft_conv1d(
@@ -308,6 +430,7 @@ def fft_conv1d(
     *,
     padding_mode: str = "zeros",
     compression: float = 0.0,
+    memory_lean: bool = False,
 ) -> torch.Tensor:
     """1-D convolution (cross-correlation) computed in the frequency domain, optionally band-limited.
 
@@ -325,6 +448,7 @@ def fft_conv1d(
         groups: number of blocked connections from input to output channels.
         padding_mode: ``"zeros"``, ``"reflect"``, ``"replicate"`` or ``"circular"``.
         compression: fraction of spectral coefficients to discard, in ``[0, 1)``.
+        memory_lean: as :func:`fft_conv2d`.
 
     Returns:
         ``(N, C_out, L_out)`` (or unbatched), as ``F.conv1d``.
@@ -339,4 +463,6 @@ def fft_conv1d(
         >>> torch.allclose(fft_conv1d(x, w, padding="same"), F.conv1d(x, w, padding="same"))
         True
     """
-    return _fft_conv(input, weight, bias, stride, padding, dilation, groups, padding_mode, compression, 1)
+    return _fft_conv(
+        input, weight, bias, stride, padding, dilation, groups, padding_mode, compression, 1, memory_lean
+    )

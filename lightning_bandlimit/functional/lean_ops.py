@@ -1,0 +1,419 @@
+"""Memory-lean BatchNorm, ReLU, max-pool and native convolution with exact gradients.
+
+Each op computes what its ``torch.nn.functional`` counterpart computes and keeps for backward
+only what the gradient needs, in the smallest exact form:
+
+* ReLU keeps a bit mask of its output (1/32 of a float32 tensor) and publishes its output as
+  ``relu(recipe of its input)`` when the input has a recipe (:mod:`.sources`).
+* BatchNorm (training mode) keeps its input as the recipe the producing op published (a
+  band-limited convolution's kept spectrum) or as itself, and publishes its output as
+  ``affine(input, scale, shift)``.
+* A native convolution keeps its input as a recipe when it has one (e.g. ``relu(bn(y))``, where
+  ``y`` is kept by the BatchNorm anyway), else as itself; a 1x1 strided convolution keeps only
+  the pixels it reads.
+* Max-pooling keeps the position of each maximum inside its window (one byte per output), not
+  its input.
+
+The backward passes call the same ATen kernels as autograd's (``convolution_backward``,
+``native_batch_norm_backward``) on the recomputed tensors. These ops are meant for training
+(``torch.is_grad_enabled()`` and something requiring grad); callers use the plain op otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from lightning_bandlimit.functional.sources import Affine, Relu, Saved, Source, affine, lookup, publish, rebuild
+
+__all__ = [
+    "lean_batch_norm",
+    "lean_conv",
+    "lean_max_pool2d",
+    "lean_relu",
+    "lean_wanted",
+    "pack_mask",
+    "unpack_mask",
+]
+
+_BIT_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+
+
+def lean_wanted(input: torch.Tensor, *params: torch.Tensor | None) -> bool:
+    """Whether a lean op pays off: gradients are being recorded for ``input`` or a parameter."""
+    return torch.is_grad_enabled() and (
+        input.requires_grad or any(p is not None and p.requires_grad for p in params)
+    )
+
+
+def _bits(device: torch.device) -> torch.Tensor:
+    if device not in _BIT_WEIGHTS:
+        _BIT_WEIGHTS[device] = (2 ** torch.arange(8, dtype=torch.uint8)).to(device)
+    return _BIT_WEIGHTS[device]
+
+
+def pack_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Pack a bool tensor into bits: ``uint8`` of ``ceil(numel / 8)`` elements.
+
+    Example:
+        >>> m = torch.tensor([True, False, True, True, False, False, False, False, True])
+        >>> pack_mask(m)
+        tensor([13,  1], dtype=torch.uint8)
+        >>> torch.equal(unpack_mask(pack_mask(m), m.shape), m)
+        True
+    """
+    flat = mask.reshape(-1)
+    pad = -flat.numel() % 8
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    return (flat.view(-1, 8).to(torch.uint8) * _bits(flat.device)).sum(1, dtype=torch.uint8)
+
+
+def unpack_mask(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
+    """The inverse of :func:`pack_mask`: a bool tensor of ``shape``."""
+    numel = 1
+    for size in shape:
+        numel *= size
+    bits = packed.unsqueeze(1).bitwise_and(_bits(packed.device)).ne(0)
+    return bits.view(-1)[:numel].view(tuple(shape))
+
+
+# --------------------------------------------------------------------------------------- ReLU
+class _Relu(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input: torch.Tensor, inplace: bool) -> torch.Tensor:  # type: ignore[override]
+        if inplace:
+            out = input.relu_()
+            ctx.mark_dirty(out)
+        else:
+            out = input.relu()
+        ctx.shape = out.shape
+        # Where the output is <= 0 the gradient is zero: threshold_backward's rule (NaN passes).
+        ctx.save_for_backward(pack_mask(out.le(0)))
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        (packed,) = ctx.saved_tensors
+        return grad.masked_fill(unpack_mask(packed, ctx.shape), 0), None
+
+
+def lean_relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """``F.relu(input, inplace)`` that keeps a bit mask for backward, not its output.
+
+    Args:
+        input: any floating-point tensor.
+        inplace: overwrite ``input``, as ``F.relu(..., inplace=True)``.
+
+    Example:
+        >>> x = torch.randn(4, 8, requires_grad=True)
+        >>> lean_relu(x).sum().backward()
+        >>> torch.equal(x.grad, (x > 0).float())
+        True
+    """
+    found = lookup(input)
+    if inplace and input._is_view():  # in-place on a view needs autograd's own view handling
+        out = F.relu(input, inplace=True)
+    else:
+        out = _Relu.apply(input, inplace)
+    if found is not None:
+        source, tensors = found
+        publish(out, Relu(source), tensors)
+    return out
+
+
+# --------------------------------------------------------------------------------- BatchNorm
+class _BatchNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        input: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        running_mean: torch.Tensor | None,
+        running_var: torch.Tensor | None,
+        momentum: float,
+        eps: float,
+        source: Source,
+        *source_tensors: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        compute = torch.float64 if input.dtype == torch.float64 else torch.float32
+        dims = [0, *range(2, input.dim())]
+        var, mean = torch.var_mean(input.to(compute), dim=dims, correction=0)
+        invstd = torch.rsqrt(var + eps)
+        if running_mean is not None and running_var is not None:
+            count = input.numel() // input.shape[1]
+            running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+            unbiased = var * (count / (count - 1))
+            running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+        scale = invstd if weight is None else invstd * weight.to(compute)
+        shift = -mean * scale if bias is None else bias.to(compute) - mean * scale
+        out = affine(input, scale, shift, input.dtype)
+        ctx.source, ctx.eps, ctx.dtype = source, eps, input.dtype
+        ctx.save_for_backward(weight, mean, invstd, *source_tensors)
+        ctx.mark_non_differentiable(scale, shift)
+        return out, scale, shift
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor, *_: torch.Tensor):  # type: ignore[override]
+        weight, mean, invstd, *kept = ctx.saved_tensors
+        compute = mean.dtype
+        input = rebuild(ctx.source, kept).to(compute)
+        need = ctx.needs_input_grad
+        grad_input, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(
+            grad.to(compute),
+            input,
+            None if weight is None else weight.to(compute),
+            None,
+            None,
+            mean,
+            invstd,
+            True,
+            ctx.eps,
+            [need[0], need[1], need[2]],
+        )
+        return (
+            None if grad_input is None else grad_input.to(ctx.dtype),
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None if grad_bias is None else grad_bias.to(weight.dtype if weight is not None else compute),
+            *(None for _ in range(5 + len(kept))),
+        )
+
+
+def lean_batch_norm(
+    input: torch.Tensor,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """``F.batch_norm(..., training=True)`` that keeps its input in the smallest exact form.
+
+    Statistics and running-statistics updates are those of ``F.batch_norm`` (biased variance
+    for normalising, unbiased for the running estimate), computed in float32 (float64 for
+    float64 inputs); the result has the input's dtype.
+
+    Args:
+        input: ``(N, C, *)``.
+        running_mean, running_var: ``(C,)`` buffers updated in place, or ``None``.
+        weight, bias: optional ``(C,)`` affine parameters.
+        momentum: the running-statistics update factor.
+        eps: added to the variance.
+
+    Raises:
+        ValueError: if there is only one value per channel (as ``F.batch_norm``).
+
+    Example:
+        >>> x = torch.randn(8, 3, 5, 5, requires_grad=True)
+        >>> out = lean_batch_norm(x, None, None)
+        >>> torch.allclose(out, F.batch_norm(x, None, None, training=True), atol=1e-5)
+        True
+    """
+    if input.dim() < 2 or input.numel() // max(1, input.shape[1]) <= 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(input.shape)}")
+    found = lookup(input)
+    source, tensors = found if found is not None else (Saved(), (input,))
+    out, scale, shift = _BatchNorm.apply(input, weight, bias, running_mean, running_var, momentum, eps, source, *tensors)
+    publish(out, Affine(source, out.dtype), (*tensors, scale, shift))
+    return out
+
+
+# ----------------------------------------------------------------------------------- max-pool
+def _window_origins(out_size: int, stride: int, pad: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(out_size, device=device) * stride - pad
+
+
+class _MaxPool2d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input, kernel, stride, padding, dilation, ceil_mode):  # type: ignore[override]
+        out, index = torch.ops.aten.max_pool2d_with_indices(input, kernel, stride, padding, dilation, ceil_mode)
+        height, width = input.shape[-2:]
+        oh = _window_origins(out.shape[-2], stride[0], padding[0], out.device).view(-1, 1)
+        ow = _window_origins(out.shape[-1], stride[1], padding[1], out.device)
+        offset = (index.div(width, rounding_mode="floor") - oh).div_(dilation[0], rounding_mode="floor")
+        offset.mul_(kernel[1]).add_((index.remainder(width) - ow).div_(dilation[1], rounding_mode="floor"))
+        ctx.geometry = (input.shape, kernel, stride, padding, dilation)
+        ctx.save_for_backward(offset.to(torch.uint8))
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # type: ignore[override]
+        (offset,) = ctx.saved_tensors
+        shape, kernel, stride, padding, dilation = ctx.geometry
+        width = shape[-1]
+        offset = offset.long()
+        oh = _window_origins(grad.shape[-2], stride[0], padding[0], grad.device).view(-1, 1)
+        ow = _window_origins(grad.shape[-1], stride[1], padding[1], grad.device)
+        row = offset.div(kernel[1], rounding_mode="floor").mul_(dilation[0]).add_(oh)
+        index = row.mul_(width).add_(offset.remainder(kernel[1]).mul_(dilation[1]).add_(ow))
+        planes = grad.shape[0] * grad.shape[1] if grad.dim() == 4 else grad.shape[0]
+        grad_input = grad.new_zeros(planes, shape[-2] * width)
+        grad_input.scatter_add_(1, index.view(planes, -1), grad.reshape(planes, -1))
+        return grad_input.view(shape), None, None, None, None, None
+
+
+def _pair(value: int | Sequence[int]) -> tuple[int, int]:
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[-1]))
+
+
+def lean_max_pool2d(
+    input: torch.Tensor,
+    kernel_size: int | Sequence[int],
+    stride: int | Sequence[int] | None = None,
+    padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+    ceil_mode: bool = False,
+) -> torch.Tensor:
+    """``F.max_pool2d`` that keeps, per output, the position of the maximum in its window (a byte).
+
+    Windows of more than 256 positions keep the plain op.
+
+    Example:
+        >>> x = torch.randn(2, 3, 8, 8, requires_grad=True)
+        >>> lean_max_pool2d(x, 3, 2, 1).sum().backward()
+        >>> g = x.grad.clone(); x.grad = None
+        >>> F.max_pool2d(x, 3, 2, 1).sum().backward()
+        >>> torch.allclose(g, x.grad)
+        True
+    """
+    kernel = _pair(kernel_size)
+    stride = kernel if stride is None or stride == [] or stride == () else _pair(stride)
+    padding, dilation = _pair(padding), _pair(dilation)
+    if kernel[0] * kernel[1] > 256:
+        return F.max_pool2d(input, kernel, stride, padding, dilation, ceil_mode)
+    return _MaxPool2d.apply(input, kernel, stride, padding, dilation, ceil_mode)
+
+
+# ------------------------------------------------------------------------ native convolution
+def _conv(spatial_dims: int):
+    return F.conv1d if spatial_dims == 1 else F.conv2d
+
+
+def _subsample(x: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+    index = (Ellipsis, *(slice(None, None, s) for s in stride))
+    return x[index]
+
+
+def compute_dtype(input: torch.Tensor) -> torch.dtype:
+    """The dtype a native convolution of ``input`` runs in: autocast's, if it applies."""
+    device = input.device.type
+    if input.dtype != torch.float64 and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return input.dtype
+
+
+class _NativeConv(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        stride: tuple[int, ...],
+        padding: tuple[int, ...],
+        dilation: tuple[int, ...],
+        groups: int,
+        subsample: tuple[int, ...] | None,
+        source: Source | None,
+        *source_tensors: torch.Tensor,
+    ) -> torch.Tensor:
+        dtype = compute_dtype(input)
+        spatial_dims = weight.dim() - 2
+        x = input if subsample is None else _subsample(input, subsample).contiguous()
+        with torch.autocast(input.device.type, enabled=False):
+            out = _conv(spatial_dims)(
+                x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype),
+                stride, padding, dilation, groups,
+            )
+        if source is None:
+            source, source_tensors = Saved(), (x,)
+            ctx.subsample_saved = None  # what is kept is already subsampled
+        else:
+            ctx.subsample_saved = subsample
+        ctx.source, ctx.dtype, ctx.input_shape, ctx.input_dtype = source, dtype, input.shape, input.dtype
+        ctx.args = (stride, padding, dilation, groups, subsample)
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(weight, *source_tensors)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        weight, *kept = ctx.saved_tensors
+        stride, padding, dilation, groups, subsample = ctx.args
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        x = rebuild(ctx.source, kept)
+        if ctx.subsample_saved is not None:
+            x = _subsample(x, ctx.subsample_saved)
+        grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grad.to(ctx.dtype),
+            x.to(ctx.dtype),
+            weight.to(ctx.dtype),
+            [weight.shape[0]] if ctx.has_bias else None,
+            list(stride),
+            list(padding),
+            list(dilation),
+            False,
+            [0] * len(stride),
+            groups,
+            [need_x, need_w, need_b],
+        )
+        if grad_x is not None:
+            if subsample is not None:
+                full = grad_x.new_zeros(ctx.input_shape)
+                _subsample(full, subsample).copy_(grad_x)
+                grad_x = full
+            grad_x = grad_x.to(ctx.input_dtype)
+        return (
+            grad_x,
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(weight.dtype),
+            *(None for _ in range(6 + len(kept))),
+        )
+
+
+def lean_conv(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+) -> torch.Tensor:
+    """``F.conv1d`` / ``F.conv2d`` (batched, explicit zero padding) that keeps its input lean.
+
+    The input is kept as the recipe an earlier op published for it (nothing new when that
+    recipe's tensors are kept anyway), else as itself; a 1x1 convolution with stride and no
+    padding keeps only the pixels it reads. Under autocast it computes in autocast's dtype, as the
+    plain op would.
+
+    Args:
+        input: ``(N, C, L)`` or ``(N, C, H, W)``.
+        weight, bias: as ``F.conv2d``.
+        stride, padding, dilation: one int per spatial dim (padding: zeros, symmetric).
+        groups: as ``F.conv2d``.
+
+    Example:
+        >>> x = torch.randn(2, 4, 9, 9, requires_grad=True)
+        >>> w = torch.randn(6, 4, 1, 1, requires_grad=True)
+        >>> torch.allclose(lean_conv(x, w, None, (2, 2), (0, 0), (1, 1), 1), F.conv2d(x, w, stride=2))
+        True
+    """
+    stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
+    pointwise = all(k == 1 for k in weight.shape[2:]) and not any(padding)
+    subsample = stride if pointwise and any(s > 1 for s in stride) else None
+    conv_stride = (1,) * len(stride) if subsample is not None else stride
+    found = lookup(input)
+    source, tensors = found if found is not None else (None, ())
+    return _NativeConv.apply(
+        input, weight, bias, conv_stride, padding, dilation, groups, subsample, source, *tensors
+    )

@@ -1,0 +1,183 @@
+"""Exact, compact descriptions of activations, handed from the op that makes one to the op that saves it.
+
+Autograd keeps, per op, the tensors its backward needs. In a conv -> BatchNorm -> ReLU -> conv
+chain most of them are recomputable exactly from something smaller that is kept anyway: a
+band-limited convolution's output from its kept spectrum, a BatchNorm output from its input and
+two per-channel vectors, a ReLU output from the BatchNorm output it was computed from. A
+:class:`Source` is such a recipe: a frozen description plus the tensors it reads, and
+:meth:`Source.rebuild` recomputes the activation with the very same operations the forward pass
+used, so the result is the same tensor (bit for bit on a deterministic backend).
+
+Hand-off: the producing op :func:`publish`-es a source for the tensor it returns; the next op that
+would save that tensor looks it up with :func:`lookup` and saves the source's tensors instead
+(through ``ctx.save_for_backward``, so saved-tensor hooks, ``torch.utils.checkpoint`` and
+:class:`~lightning_bandlimit.SavedTensorMeter` see them). An entry is valid only for the same tensor
+object at the same version (an in-place change such as ``out += identity`` invalidates it), and
+only under the same saved-tensor hooks it was published under: inside a
+``torch.utils.checkpoint`` region the recomputation sees no entry for the region's input, so the
+original forward must not use one either. Entries disappear with their tensor.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Affine", "Relu", "Saved", "Source", "affine", "lookup", "publish", "rebuild"]
+
+
+class Source:
+    """Recipe for recomputing one activation exactly from the tensors it lists.
+
+    Subclasses are frozen dataclasses holding only static information; the tensors travel
+    beside them (``tensors`` at publication, ``ctx.saved_tensors`` in the backward pass), in the
+    order :meth:`rebuild` consumes them.
+    """
+
+    #: whether :meth:`rebuild` returns a new tensor (``False``: one of the saved tensors itself)
+    fresh: bool = True
+
+    def rebuild(self, tensors: Iterator[torch.Tensor]) -> torch.Tensor:
+        """Recompute the activation, taking its tensors from ``tensors`` in order."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Saved(Source):
+    """The activation is kept as itself."""
+
+    fresh = False
+
+    def rebuild(self, tensors: Iterator[torch.Tensor]) -> torch.Tensor:
+        return next(tensors)
+
+
+def affine(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``(x * scale + shift)`` per channel (dim 1), computed in ``scale``'s dtype, returned in ``dtype``.
+
+    The one formula BatchNorm's forward pass and every recomputation of it use.
+
+    Example:
+        >>> x = torch.ones(2, 3, 4)
+        >>> affine(x, torch.tensor([1.0, 2.0, 3.0]), torch.zeros(3), torch.float32)[0, :, 0]
+        tensor([1., 2., 3.])
+    """
+    shape = (1, -1) + (1,) * (x.dim() - 2)
+    return torch.addcmul(shift.view(shape), x.to(scale.dtype), scale.view(shape)).to(dtype)
+
+
+@dataclass(frozen=True)
+class Affine(Source):
+    """``affine(source, scale, shift, dtype)``: a BatchNorm output in training mode."""
+
+    source: Source
+    dtype: torch.dtype
+
+    def rebuild(self, tensors: Iterator[torch.Tensor]) -> torch.Tensor:
+        x = self.source.rebuild(tensors)
+        scale, shift = next(tensors), next(tensors)
+        return affine(x, scale, shift, self.dtype)
+
+
+@dataclass(frozen=True)
+class Relu(Source):
+    """``relu(source)``."""
+
+    source: Source
+
+    def rebuild(self, tensors: Iterator[torch.Tensor]) -> torch.Tensor:
+        x = self.source.rebuild(tensors)
+        return x.relu_() if self.source.fresh else x.relu()
+
+
+def rebuild(source: Source, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Recompute the activation ``source`` describes from exactly ``tensors``.
+
+    Raises:
+        ValueError: if ``tensors`` are more or fewer than the source reads.
+
+    Example:
+        >>> y = torch.randn(2, 3, 4)
+        >>> scale, shift = torch.rand(3), torch.rand(3)
+        >>> z = affine(y, scale, shift, y.dtype)
+        >>> torch.equal(rebuild(Relu(Affine(Saved(), y.dtype)), [y, scale, shift]), z.relu())
+        True
+    """
+    it = iter(tensors)
+    out = source.rebuild(it)
+    if next(it, None) is not None:
+        raise ValueError(f"{type(source).__name__} was given more tensors than it reads")
+    return out
+
+
+@dataclass
+class _Entry:
+    ref: weakref.ReferenceType
+    version: int
+    hooks: object
+    source: Source
+    tensors: tuple[torch.Tensor, ...]
+
+
+class _Registry(threading.local):
+    def __init__(self) -> None:
+        self.entries: dict[int, _Entry] = {}
+
+
+_REGISTRY = _Registry()
+# A bound on live entries, in case tensors that were published stay alive for long (a model that
+# returns its activations): the oldest are dropped, which only costs the saving they offered.
+_MAX_ENTRIES = 256
+
+
+def _hooks() -> object:
+    """Identity of the innermost saved-tensor hooks (``None`` without any)."""
+    top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    return None if top is None else top[0]
+
+
+def publish(tensor: torch.Tensor, source: Source, tensors: Sequence[torch.Tensor]) -> None:
+    """Offer ``source`` (reading ``tensors``) as a recipe for ``tensor`` to the op that consumes it.
+
+    Example:
+        >>> y = torch.randn(4, 2, requires_grad=True) * 1.0
+        >>> publish(y, Saved(), (y,))
+        >>> lookup(y)[0]
+        Saved()
+        >>> _ = y.add_(1)  # an in-place change: the recipe no longer describes y
+        >>> lookup(y) is None
+        True
+    """
+    entries = _REGISTRY.entries
+    key = id(tensor)
+
+    def forget(_: weakref.ReferenceType, key: int = key) -> None:
+        if entries.get(key) is entry:
+            del entries[key]
+
+    entry = _Entry(weakref.ref(tensor, forget), tensor._version, _hooks(), source, tuple(tensors))
+    entries.pop(key, None)
+    entries[key] = entry
+    while len(entries) > _MAX_ENTRIES:
+        del entries[next(iter(entries))]
+
+
+def lookup(tensor: torch.Tensor) -> tuple[Source, tuple[torch.Tensor, ...]] | None:
+    """The recipe published for ``tensor`` and the tensors it reads, or ``None``.
+
+    Valid only for the same tensor object at the same version under the same saved-tensor hooks
+    (see the module docstring).
+    """
+    entry = _REGISTRY.entries.get(id(tensor))
+    if (
+        entry is None
+        or entry.ref() is not tensor
+        or entry.version != tensor._version
+        or entry.hooks is not _hooks()
+    ):
+        return None
+    return entry.source, entry.tensors
