@@ -146,8 +146,9 @@ def bandlimit(
         ReLU()
     """
     compression = check_compression(compression)
-    if not isinstance(pointwise, bool) or not isinstance(memory_lean, bool):
-        raise TypeError(f"pointwise and memory_lean must be bools, got {pointwise!r} and {memory_lean!r}")
+    for name, flag in (("pointwise", pointwise), ("memory_lean", memory_lean)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
     inc, exc = normalize_patterns("include", include), normalize_patterns("exclude", exclude)
     selected = [module for name, module in model.named_modules() if _selected(name, inc, exc)]
     chosen = [

@@ -12,6 +12,7 @@ from lightning_bandlimit import (
     set_compression,
     unbandlimit,
 )
+from lightning_bandlimit.lean_layers import LeanConv2d
 
 
 class Net(nn.Module):
@@ -36,7 +37,7 @@ def test_converts_exactly_the_plain_spatial_convolutions() -> None:
     assert type(model.stem) is BandLimitedConv2d and model.stem.compression == 0.5
     assert type(model.body[1]) is BandLimitedConv2d
     assert type(model.signal) is BandLimitedConv1d
-    assert type(model.shortcut) is nn.Conv2d  # 1x1 skipped by default
+    assert type(model.shortcut) is LeanConv2d  # 1x1 not band-limited by default, only memory-lean
     assert type(model.up) is nn.ConvTranspose2d
     assert [n for n, _ in bandlimited_layers(model)] == ["stem", "body.1", "signal"]
 

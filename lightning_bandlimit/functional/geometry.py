@@ -135,7 +135,9 @@ def resolve_geometry(
         )
     if not input.is_floating_point():
         raise ValueError(f"{name}: expected a floating-point input, got dtype {input.dtype}")
-    if weight.dtype != input.dtype:
+    # Under autocast F.conv2d casts input, weight and bias to one dtype itself.
+    autocast = torch.is_autocast_enabled(input.device.type) and input.dtype != torch.float64
+    if weight.dtype != input.dtype and not autocast:
         raise ValueError(
             f"{name}: input type ({input.dtype}) and weight type ({weight.dtype}) should be the same"
         )
@@ -164,7 +166,7 @@ def resolve_geometry(
                 f"{name}: given weight of size {list(weight.shape)}, expected bias to be "
                 f"1-dimensional with {out_channels} elements, but got bias of size {given} instead"
             )
-        if bias.dtype != input.dtype:
+        if bias.dtype != input.dtype and not autocast:
             raise ValueError(
                 f"{name}: input type ({input.dtype}) and bias type ({bias.dtype}) should be the same"
             )

@@ -1,0 +1,280 @@
+"""Whole-model training memory, band-limited (memory-lean) against the plain ``nn.Conv2d`` model.
+
+For each model and each setting (``plain``: the model as the user has it; ``c=...``: band-limited
+at that compression with memory-lean training, the default) it measures one training step
+(forward, backward, SGD-with-momentum step) in a FRESH process, after one warm-up step (which
+takes the one-time allocations: optimizer state, kernel caches), through two paths:
+
+* ``trainer``: the user's path, ``ImageClassifier`` in a ``Trainer`` with the ``BandLimit``
+  callback (no callback for ``plain``);
+* ``bare``: ``bandlimit(model, c)`` on the bare backbone, a hand-written step.
+
+Two figures per run, each as a ratio to ``plain`` of the same model and path:
+
+* **saved bytes**: unique storages saved for backward during the step's forward (parameters
+  excluded), by ``SavedTensorMeter`` (deterministic);
+* **step peak**: CPU: the process's resident-set high-water mark during the step (``VmHWM``
+  after resetting it through ``/proc/self/clear_refs``) above its resident size just before the
+  step, with ``MALLOC_MMAP_THRESHOLD_=131072`` so that freed tensors leave the resident set;
+  CUDA: ``torch.cuda.max_memory_allocated`` after a reset, above ``memory_allocated``. Gradients
+  are freed between steps (``set_to_none``), so the peak includes them.
+
+Targets (issue 10): saved bytes <= 1.00 / 0.70 / 0.45 / 0.30 and step peak <= 1.02 / 0.80 /
+0.65 / 0.55 at c = 0 / 0.5 / 0.75 / 0.9, both non-increasing in c. Printed as PASS/MISS; the
+JSON goes to ``benchmarks/results/model_memory-<device>.json`` (``-quick`` with ``--quick``).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/model_memory.py            # about 5 minutes on 2 cores
+    PYTHONPATH=. .venv/bin/python benchmarks/model_memory.py --quick    # small models, a minute
+    PYTHONPATH=. .venv/bin/python benchmarks/model_memory.py --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+TARGETS = {0.0: (1.00, 1.02), 0.5: (0.70, 0.80), 0.75: (0.45, 0.65), 0.9: (0.30, 0.55)}
+MODELS = {
+    "cifar_resnet18": dict(backbone="cifar_resnet18", width=64, batch=32, size=32),
+    "resnet18": dict(backbone="resnet18", width=None, batch=8, size=224),  # torchvision
+}
+QUICK_MODELS = {
+    "cifar_resnet18": dict(backbone="cifar_resnet18", width=16, batch=8, size=32),
+    "resnet18": dict(backbone="resnet18", width=None, batch=2, size=96),
+}
+
+
+# ------------------------------------------------------------------ worker (one fresh process)
+def _rss_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+class PeakMeter:
+    """Memory high-water mark of a region, above the level at its start (see module docstring)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.start = 0
+        self.peak = 0
+
+    def __enter__(self) -> PeakMeter:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.start = torch.cuda.memory_allocated(self.device)
+        else:
+            Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current VmRSS
+            self.start = _rss_bytes("VmRSS")
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak = torch.cuda.max_memory_allocated(self.device) - self.start
+        else:
+            self.peak = _rss_bytes("VmHWM") - self.start
+
+
+def _what_was_reduced(model: torch.nn.Module) -> dict[str, int]:
+    from lightning_bandlimit.layers import BandLimitedConvNd
+    from lightning_bandlimit.lean_layers import LeanModule
+
+    counts = Counter(
+        type(m).__name__ for m in model.modules() if isinstance(m, (LeanModule, BandLimitedConvNd))
+    )
+    return dict(sorted(counts.items()))
+
+
+def _worker(spec: dict[str, Any]) -> dict[str, Any]:
+    import lightning.pytorch as pl
+    from torch.utils.data import TensorDataset
+
+    from lightning_bandlimit import SavedTensorMeter, bandlimit
+    from lightning_bandlimit.callbacks import BandLimit
+    from lightning_bandlimit.models import ImageClassifier
+    from lightning_bandlimit.models.backbones import build_backbone
+
+    torch.manual_seed(0)
+    torch.set_num_threads(spec["threads"])
+    device = torch.device(spec["device"])
+    c = spec["compression"]
+    batch, size = spec["batch"], spec["size"]
+    images = torch.rand(2 * batch, 3, size, size)  # two steps: a warm-up, then the measured one
+    labels = torch.arange(2 * batch) % 10
+    peak = PeakMeter(device)
+
+    if spec["path"] == "bare":
+        model = build_backbone(spec["backbone"], 10, spec["width"]).to(device)
+        if c is not None:
+            bandlimit(model, c)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model.train()
+        for step, (x, y) in enumerate(zip(images.to(device).split(batch), labels.to(device).split(batch))):
+            optimizer.zero_grad(set_to_none=True)
+            with peak if step else contextlib.nullcontext():
+                with SavedTensorMeter(exclude=model.parameters()) as meter:
+                    loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+        reduced = _what_was_reduced(model)
+    else:
+
+        class Measure(pl.Callback):
+            def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
+                if trainer.global_step == 1:
+                    peak.__enter__()
+                self.meter = SavedTensorMeter(exclude=pl_module.parameters()).__enter__()
+
+            def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
+                self.meter.__exit__(None, None, None)
+
+            def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
+                if trainer.global_step == 2:
+                    peak.__exit__()
+
+        measure = Measure()
+        callbacks: list[pl.Callback] = [measure] if c is None else [BandLimit(compression=c), measure]
+        data = pl.LightningDataModule.from_datasets(TensorDataset(images, labels), batch_size=batch)
+        model = ImageClassifier(spec["backbone"], num_classes=10, width=spec["width"])
+        trainer = pl.Trainer(
+            accelerator=device.type, devices=1, max_steps=2, limit_val_batches=0, callbacks=callbacks,
+            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        )
+        trainer.fit(model, data)
+        meter = measure.meter
+        reduced = _what_was_reduced(model)
+    return {"saved_bytes": meter.bytes, "saved_storages": meter.count, "step_peak_bytes": peak.peak, "reduced": reduced}
+
+
+# ---------------------------------------------------------------------------- orchestration
+def _run_fresh(spec: dict[str, Any]) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # A fixed mmap threshold makes glibc return every freed large block to the system, so the
+    # resident size follows the live tensors instead of what the allocator happens to retain.
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
+    done = subprocess.run(
+        [sys.executable, __file__, "--worker", json.dumps(spec)],
+        capture_output=True, text=True, env=env, timeout=1800,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"worker failed for {spec}:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def _label(c: float | None) -> str:
+    return "plain" if c is None else f"c={c:g}"
+
+
+def _verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--paths", nargs="+", default=["trainer", "bare"], choices=["trainer", "bare"])
+    parser.add_argument("--compressions", nargs="+", type=float, default=list(TARGETS))
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--quick", action="store_true", help="small models and batches (a smoke run)")
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(_worker(json.loads(args.worker))))
+        return 0
+
+    models = QUICK_MODELS if args.quick else MODELS
+    output = args.output or RESULTS / f"model_memory-{args.device}{'-quick' if args.quick else ''}.json"
+    records: list[dict[str, Any]] = []
+    lines: list[str] = []
+    all_pass = True
+    for name in args.models:
+        for path in args.paths:
+            rows: list[dict[str, Any]] = []
+            for c in [None, *args.compressions]:
+                spec = dict(models[name], compression=c, path=path, device=args.device, threads=args.threads)
+                result = _run_fresh(spec)
+                rows.append(dict(model=name, **spec, **result))
+                print(f"  measured {name} {path} {_label(c)}", file=sys.stderr, flush=True)
+            plain = rows[0]
+            for row in rows:
+                row["saved_ratio"] = row["saved_bytes"] / plain["saved_bytes"]
+                row["peak_ratio"] = row["step_peak_bytes"] / plain["step_peak_bytes"]
+            banded = rows[1:]
+            monotone_saved = all(a["saved_ratio"] >= b["saved_ratio"] for a, b in zip(banded, banded[1:]))
+            monotone_peak = all(a["peak_ratio"] >= b["peak_ratio"] for a, b in zip(banded, banded[1:]))
+            cfg = models[name]
+            lines.append(
+                f"\n{name} (width {cfg['width'] or 'torchvision'}, batch {cfg['batch']}, "
+                f"{cfg['size']}x{cfg['size']}), path: {path}, device: {args.device}"
+            )
+            lines.append(f"{'setting':<8} {'saved MiB':>10} {'ratio':>6} {'target':>7}   {'peak MiB':>9} {'ratio':>6} {'target':>7}")
+            for row in rows:
+                target = TARGETS.get(row["compression"]) if row["compression"] is not None else None
+                ok_s = target is None or row["saved_ratio"] <= target[0]
+                ok_p = target is None or row["peak_ratio"] <= target[1]
+                row["targets"] = None if target is None else {"saved": target[0], "peak": target[1]}
+                row["pass"] = None if target is None else {"saved": ok_s, "peak": ok_p}
+                if target is not None:
+                    all_pass &= ok_s and ok_p
+                ts = "" if target is None else f"<={target[0]:.2f} {_verdict(ok_s)}"
+                tp = "" if target is None else f"<={target[1]:.2f} {_verdict(ok_p)}"
+                lines.append(
+                    f"{_label(row['compression']):<8} {row['saved_bytes'] / 2**20:>10.1f} {row['saved_ratio']:>6.3f} {ts:>12}"
+                    f"   {row['step_peak_bytes'] / 2**20:>9.1f} {row['peak_ratio']:>6.3f} {tp:>12}"
+                )
+            lines.append(
+                f"non-increasing in c: saved {_verdict(monotone_saved)}, peak {_verdict(monotone_peak)}; "
+                f"swapped modules at c>0: {banded[-1]['reduced']}"
+            )
+            all_pass &= monotone_saved and monotone_peak
+            records += rows
+    report = "\n".join(lines)
+    print(report)
+    print(f"\nall targets: {_verdict(all_pass)}")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from conv import device_name, git_commit, git_dirty  # shared benchmark metadata
+
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(
+        json.dumps(
+            {
+                "benchmark": "model_memory",
+                "command": "PYTHONPATH=. .venv/bin/python benchmarks/model_memory.py" + " ".join([""] + (argv or sys.argv[1:])),
+                "records": records,
+                "all_targets_pass": all_pass,
+                "meta": {
+                    "torch": torch.__version__,
+                    "device": device_name(torch.device(args.device)),
+                    "threads": args.threads,
+                    "timestamp": datetime.datetime.now().isoformat(timespec="seconds"),
+                    "git_commit": git_commit(),
+                    "git_dirty": git_dirty(),
+                },
+            },
+            indent=2,
+        )
+    )
+    print(f"results: {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
