@@ -67,6 +67,8 @@ class AdaptiveBandLimit(BandLimit):
         include: glob patterns over module names to band-limit.
         exclude: glob patterns to leave alone.
         pointwise: also band-limit 1x1 convolutions.
+        memory_lean: memory-lean training (see :class:`BandLimit`); on by default, since it is
+            what makes a higher compression free memory.
         **controller_kwargs: further :class:`CompressionController` arguments (``raise_step``,
             ``lower_step``, ``release_checks``, ``cooldown_checks``, ``margin``).
 
@@ -94,6 +96,7 @@ class AdaptiveBandLimit(BandLimit):
         include: Patterns = None,
         exclude: Patterns = None,
         pointwise: bool = False,
+        memory_lean: bool = True,
         **controller_kwargs: Any,
     ) -> None:
         self.controller = CompressionController(
@@ -101,7 +104,8 @@ class AdaptiveBandLimit(BandLimit):
             max_compression=max_compression, **controller_kwargs,
         )
         super().__init__(
-            compression=self.controller.clamp(compression), include=include, exclude=exclude, pointwise=pointwise
+            compression=self.controller.clamp(compression), include=include, exclude=exclude, pointwise=pointwise,
+            memory_lean=memory_lean,
         )
         if check_every_n_steps < 1:
             raise ValueError(f"check_every_n_steps must be at least 1, got {check_every_n_steps}")

@@ -7,6 +7,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
+from torch import nn
 from typing_extensions import override
 
 from lightning_bandlimit.functional import check_compression
@@ -34,9 +35,15 @@ class BandLimit(Callback):
         exclude: glob patterns of modules to leave alone.
         pointwise: also convert 1x1 convolutions (skipped by default, see
             :mod:`lightning_bandlimit.surgery`).
-        restore_on_teardown: turn the layers this callback converted back into plain
-            convolutions when the Trainer tears down (by default the model stays band-limited,
-            and usable either way).
+        restore_on_teardown: turn the modules this callback converted back into plain
+            convolutions (and plain BatchNorm, ReLU, max-pool) when the Trainer tears down (by
+            default the model stays band-limited, and usable either way).
+        memory_lean: memory-lean training (on by default): BatchNorm, ReLU, max-pool and the
+            remaining plain convolutions become their memory-lean twins and the band-limited
+            layers keep the smallest exact form of their input, so the model keeps less for
+            backward than with plain ``nn.Conv2d``, with the same gradients (to round-off).
+            ``False`` swaps the convolutions only (e.g. for double backward, which the lean ops
+            do not support).
 
     Raises:
         ValueError: if ``compression`` is outside ``[0, 1)``.
@@ -63,20 +70,21 @@ class BandLimit(Callback):
         exclude: Patterns = None,
         pointwise: bool = False,
         restore_on_teardown: bool = False,
+        memory_lean: bool = True,
     ) -> None:
         super().__init__()
         self._compression = check_compression(compression)
         self.include = normalize_patterns("include", include)
         self.exclude = normalize_patterns("exclude", exclude)
-        if not isinstance(pointwise, bool) or not isinstance(restore_on_teardown, bool):
-            raise TypeError(
-                f"pointwise and restore_on_teardown must be bools, got {pointwise!r} and "
-                f"{restore_on_teardown!r}"
-            )
+        flags = {"pointwise": pointwise, "restore_on_teardown": restore_on_teardown, "memory_lean": memory_lean}
+        for name, flag in flags.items():
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {flag!r}")
         self.pointwise = pointwise
+        self.memory_lean = memory_lean
         self.restore_on_teardown = restore_on_teardown
         self._layers: list[BandLimitedConvNd] = []
-        self._converted: list[BandLimitedConvNd] = []
+        self._converted: list[nn.Module] = []
 
     @property
     def state_key(self) -> str:
@@ -108,10 +116,13 @@ class BandLimit(Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._layers:  # a second stage of the same Trainer: already converted
             return
-        before = {id(m) for _, m in bandlimited_layers(pl_module)}
-        bandlimit(pl_module, self._compression, include=self.include, exclude=self.exclude, pointwise=self.pointwise)
+        before = {id(m): type(m) for m in pl_module.modules()}
+        bandlimit(
+            pl_module, self._compression, include=self.include, exclude=self.exclude, pointwise=self.pointwise,
+            memory_lean=self.memory_lean,
+        )
         self._layers = [m for _, m in bandlimited_layers(pl_module, include=self.include, exclude=self.exclude)]
-        self._converted = [m for m in self._layers if id(m) not in before]
+        self._converted = [m for m in pl_module.modules() if type(m) is not before.get(id(m), type(m))]
         self.compression = self._compression
         count = len(self._layers)
         same_everywhere = trainer.strategy.reduce_boolean_decision(

@@ -14,6 +14,7 @@ from torch import nn
 from lightning_bandlimit import BandLimitedConv2d, bandlimited_layers
 from lightning_bandlimit.callbacks import BandLimit
 from lightning_bandlimit.data import SyntheticImageDataModule
+from lightning_bandlimit.lean_layers import LeanBatchNorm2d, LeanMaxPool2d, LeanModule, LeanReLU
 from lightning_bandlimit.models import ImageClassifier
 
 
@@ -106,9 +107,20 @@ def test_band_limited_checkpoint_evaluates_with_and_without_band_limiting(tmp_pa
 
 def test_restore_on_teardown(tmp_path: Path) -> None:
     model = _model()
+    types = {name: type(m) for name, m in model.named_modules()}
     _trainer(tmp_path, [BandLimit(compression=0.5, restore_on_teardown=True)]).fit(model, _data())
     assert not list(bandlimited_layers(model))
-    assert type(model.backbone[0]) is nn.Conv2d
+    assert {name: type(m) for name, m in model.named_modules()} == types  # BatchNorm, ReLU, pools too
+
+
+def test_memory_lean_is_on_by_default_and_can_be_switched_off(tmp_path: Path) -> None:
+    lean, plain = _model(), _model()
+    _trainer(tmp_path, [BandLimit(compression=0.5)]).fit(lean, _data())
+    _trainer(tmp_path, [BandLimit(compression=0.5, memory_lean=False)]).fit(plain, _data())
+    assert {type(m) for m in lean.modules()} >= {LeanBatchNorm2d, LeanReLU, LeanMaxPool2d}
+    assert all(layer.memory_lean for _, layer in bandlimited_layers(lean))
+    assert not any(isinstance(m, LeanModule) for m in plain.modules())
+    assert not any(layer.memory_lean for _, layer in bandlimited_layers(plain))
 
 
 def test_warns_when_there_is_nothing_to_band_limit(tmp_path: Path) -> None:
@@ -122,18 +134,30 @@ def test_argument_checks() -> None:
         BandLimit(compression=1.0)
     with pytest.raises(TypeError, match="include must be"):
         BandLimit(include=3)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="must be bools"):
+    with pytest.raises(TypeError, match="restore_on_teardown must be a bool"):
         BandLimit(restore_on_teardown="yes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="memory_lean must be a bool"):
+        BandLimit(memory_lean=None)  # type: ignore[arg-type]
 
 
-def test_every_ddp_rank_swaps_identically(tmp_path: Path) -> None:
+def _ddp_run(tmp_path: Path, memory_lean: bool) -> list[dict]:
     script = Path(__file__).with_name("ddp_band_limit_script.py")
-    env = {**os.environ, "BANDLIMIT_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    out = tmp_path / f"lean{int(memory_lean)}"
+    out.mkdir()
+    env = {**os.environ, "BANDLIMIT_OUT": str(out), "BANDLIMIT_LEAN": str(int(memory_lean)), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(script)], cwd=out, env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_every_ddp_rank_swaps_identically_and_memory_lean_trains_the_same(tmp_path: Path) -> None:
+    reports = _ddp_run(tmp_path, memory_lean=True)
     assert reports[0]["world_size"] == reports[1]["world_size"] == 2
     assert reports[0]["layers"] == reports[1]["layers"] and len(reports[0]["layers"]) == 3
+    assert reports[0]["lean"] == reports[1]["lean"] > 0
     assert reports[0]["weights"] == pytest.approx(reports[1]["weights"])  # DDP kept them in sync
+    plain = _ddp_run(tmp_path, memory_lean=False)
+    assert plain[0]["lean"] == 0
+    assert reports[0]["weights"] == pytest.approx(plain[0]["weights"], rel=1e-4, abs=1e-6)
