@@ -16,8 +16,9 @@ Two figures per run, each as a ratio to ``plain`` of the same model and path:
 * **step peak**: CPU: the process's resident-set high-water mark during the step (``VmHWM``
   after resetting it through ``/proc/self/clear_refs``) above its resident size just before the
   step, with ``MALLOC_MMAP_THRESHOLD_=131072`` so that freed tensors leave the resident set;
-  CUDA: ``torch.cuda.max_memory_allocated`` after a reset, above ``memory_allocated``. Gradients
-  are freed between steps (``set_to_none``), so the peak includes them.
+  CUDA: ``torch.cuda.max_memory_allocated`` after a reset, above ``memory_allocated``. As in a
+  ``Trainer`` and a typical loop, the step begins with ``zero_grad(set_to_none=True)``: the
+  previous step's gradients are resident at the baseline, freed, and refilled by ``backward``.
 
 Targets (issue 10): saved bytes <= 1.00 / 0.70 / 0.45 / 0.30 and step peak <= 1.02 / 0.80 /
 0.65 / 0.55 at c = 0 / 0.5 / 0.75 / 0.9, both non-increasing in c. Printed as PASS/MISS; the
@@ -125,8 +126,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         model.train()
         for step, (x, y) in enumerate(zip(images.to(device).split(batch), labels.to(device).split(batch))):
-            optimizer.zero_grad(set_to_none=True)
             with peak if step else contextlib.nullcontext():
+                optimizer.zero_grad(set_to_none=True)
                 with SavedTensorMeter(exclude=model.parameters()) as meter:
                     loss = torch.nn.functional.cross_entropy(model(x), y)
                 loss.backward()

@@ -17,7 +17,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lightning_bandlimit import SavedTensorMeter, bandlimit, set_compression, unbandlimit
-from lightning_bandlimit.functional import sources
+from lightning_bandlimit.functional import fft_conv2d, sources
+from lightning_bandlimit.functional.dft_plan import dft_plan
+from lightning_bandlimit.functional.fft_conv import _batch_slices
+from lightning_bandlimit.functional.geometry import resolve_geometry
 from lightning_bandlimit.functional.lean_ops import lean_max_pool2d, pack_mask, unpack_mask
 from lightning_bandlimit.lean_layers import LeanBatchNorm2d, LeanModule, LeanReLU
 from lightning_bandlimit.models.backbones import cifar_resnet18
@@ -312,3 +315,25 @@ def test_relu_keeps_a_bit_mask_and_passes_nan_gradients_like_plain() -> None:
     (g,) = torch.autograd.grad(out, x, torch.ones_like(out))
     (g_plain,) = torch.autograd.grad(F.relu(x * 1.0), x, torch.ones_like(out))
     assert torch.equal(g.isnan(), g_plain.isnan()) and torch.equal(g.nan_to_num(), g_plain.nan_to_num())
+
+
+@pytest.mark.parametrize("memory_lean", [False, True])
+def test_large_grid_spectra_are_computed_a_batch_slice_at_a_time(memory_lean: bool) -> None:
+    # stride 4 on a 40x40 map: the kept band of the 46x46 grid is far larger than the 10x10
+    # output, so forward and backward run in batch slices; the result must not change.
+    torch.manual_seed(0)
+    x = torch.randn(6, 2, 40, 40, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(5, 2, 7, 7, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    geometry = resolve_geometry(x, w, b, 4, 3, 1, 1, "zeros", 2)
+    plan = dft_plan(geometry, 0.25, torch.float64, x.device)
+    assert len(_batch_slices(plan, 6, 5, 6 * 5 * 10 * 10 * 8, 8)) > 1
+    out = fft_conv2d(x, w, b, stride=4, padding=3, compression=0.25, memory_lean=memory_lean)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, w, b), grad)
+    # the same convolution, one sample at a time (no slicing inside)
+    outs = [fft_conv2d(x[i : i + 1], w, b, stride=4, padding=3, compression=0.25) for i in range(6)]
+    want = torch.autograd.grad(torch.cat(outs), (x, w, b), grad)
+    assert torch.allclose(out, torch.cat(outs), rtol=1e-10, atol=1e-12)
+    for a, e in zip(got, want):
+        assert torch.allclose(a, e, rtol=1e-10, atol=1e-12)

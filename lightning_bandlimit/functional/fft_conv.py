@@ -17,6 +17,7 @@ the op that consumes it (:mod:`.sources`, :mod:`.lean_ops`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -196,6 +197,55 @@ KEEP_SPECTRUM = "spectrum"  # the kept input spectrum (always)
 KEEP_SMALLER = "smaller"  # the input's published recipe if any, else spectrum or input, whichever is smaller
 
 
+def _batch_slices(plan: DFTPlan, n: int, channels: int, activation_bytes: int, itemsize: int) -> list[slice]:
+    """Batch slices whose spectral temporaries stay within the size of the activations.
+
+    A spectrum on a padded grid can be several times its feature map (a stride-2 layer on a
+    large map keeps a quarter of the pixels but the grid's whole band); computing it a slice of
+    the batch at a time bounds the transient memory without changing the result.
+    """
+    per_sample = 2 * plan.band.kept * channels * itemsize
+    step = max(1, min(n, activation_bytes // max(1, per_sample)))
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def _spectra(x: torch.Tensor, w: torch.Tensor, plan: DFTPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kept input spectrum and output spectrum of one batch slice ``x`` (compute dtype, 2-D form)."""
+    x_spec = _analyse(x, plan)
+    y_spec = x_spec.new_empty(2, x_spec.shape[1], x_spec.shape[2], w.shape[0])
+    chunks = _chunks(plan, w.shape, w.element_size())
+    buffer = w.new_empty(2, chunks[0][1], w.shape[0], w.shape[1])
+    for f0, f1 in chunks:
+        w_spec = _filter_chunk(plan, w, f0, f1, buffer)
+        _mix(y_spec[:, f0:f1], x_spec[:, f0:f1], w_spec, plan.geometry.groups)
+    return x_spec, y_spec
+
+
+def _spectra_backward(
+    grad: torch.Tensor,
+    x_spec: torch.Tensor | None,
+    w: torch.Tensor,
+    grad_w: torch.Tensor | None,
+    plan: DFTPlan,
+    need_x: bool,
+) -> torch.Tensor | None:
+    """Input gradient of one batch slice (if ``need_x``); adds the filter gradient to ``grad_w``."""
+    groups = plan.geometry.groups
+    g_spec = _synthesise_adjoint(grad, plan)
+    chunks = _chunks(plan, w.shape, w.element_size())
+    buffer = w.new_empty(2, chunks[0][1], w.shape[0], w.shape[1])
+    gx_spec = g_spec.new_empty(2, g_spec.shape[1], g_spec.shape[2], w.shape[1] * groups) if need_x else None
+    for f0, f1 in chunks:
+        if gx_spec is not None:
+            w_spec = _filter_chunk(plan, w, f0, f1, buffer)
+            _mix_grad_input(gx_spec[:, f0:f1], g_spec[:, f0:f1], w_spec, groups)
+        if grad_w is not None and x_spec is not None:
+            gw_spec = buffer[:, : f1 - f0]
+            _mix_grad_filter(gw_spec, x_spec[:, f0:f1], g_spec[:, f0:f1], groups)
+            _accumulate_filter_grad(grad_w, plan, gw_spec, f0, f1)
+    return None if gx_spec is None else _analyse_adjoint(gx_spec, plan, plan.geometry.in_size[0])
+
+
 class _FFTConv(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -212,31 +262,40 @@ class _FFTConv(torch.autograd.Function):
         *source_tensors: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         compute = plan.analysis_w.dtype
-        groups = plan.geometry.groups
         x = _as_2d(input.to(compute), spatial_dims)
         w = _as_2d(weight.to(compute), spatial_dims).contiguous()
-        x_spec = _analyse(x, plan)
-        y_spec = x_spec.new_empty(2, x_spec.shape[1], x_spec.shape[2], w.shape[0])
-        chunks = _chunks(plan, w.shape, w.element_size())
-        buffer = w.new_empty(2, chunks[0][1], w.shape[0], w.shape[1])
-        for f0, f1 in chunks:
-            w_spec = _filter_chunk(plan, w, f0, f1, buffer)
-            _mix(y_spec[:, f0:f1], x_spec[:, f0:f1], w_spec, groups)
-        out = _output(y_spec, plan, bias, spatial_dims, out_dtype)
-
-        kept: tuple[torch.Tensor, ...] = ()
+        n, channels = x.shape[:2]
+        x_spec_bytes = 2 * plan.band.kept * n * channels * w.element_size()
         if not ctx.needs_input_grad[1]:
             source = None
-        elif keep == KEEP_SMALLER and source is not None:
-            kept = source_tensors
-        elif keep == KEEP_SMALLER and input.nbytes <= x_spec.nbytes:
-            source, kept = Saved(), (input,)
+        elif keep == KEEP_SMALLER and source is None and input.nbytes <= x_spec_bytes:
+            source, source_tensors = Saved(), (input,)
+        elif keep == KEEP_SPECTRUM or source is None:
+            source = None
+        keep_x_spec = ctx.needs_input_grad[1] and source is None
+
+        out_shape = (n, w.shape[0], *plan.geometry.out_size[2 - spatial_dims :])
+        out_bytes = w.element_size() * math.prod(out_shape)
+        slices = _batch_slices(plan, n, max(channels, w.shape[0]), max(input.nbytes, out_bytes), w.element_size())
+        if len(slices) == 1:
+            x_spec, y_spec = _spectra(x, w, plan)
+            out = _output(y_spec, plan, bias, spatial_dims, out_dtype)
         else:
-            source, kept = None, (x_spec,)
-        ctx.plan, ctx.source, ctx.spatial_dims = plan, source, spatial_dims
+            out = x.new_empty(out_shape, dtype=out_dtype)
+            x_spec = x.new_empty(2, plan.band.kept, n, channels) if keep_x_spec else None
+            y_spec = x.new_empty(2, plan.band.kept, n, w.shape[0]) if return_spectrum else None
+            for part in slices:
+                xs, ys = _spectra(x[part], w, plan)
+                out[part] = _output(ys, plan, bias, spatial_dims, out_dtype)
+                for full, piece in ((x_spec, xs), (y_spec, ys)):
+                    if full is not None:
+                        full[:, :, part] = piece
+
+        kept = (x_spec,) if keep_x_spec else source_tensors if source is not None else ()
+        ctx.plan, ctx.source, ctx.spatial_dims, ctx.slices = plan, source, spatial_dims, slices
         ctx.input_dtype, ctx.has_bias, ctx.extra = input.dtype, bias is not None, len(source_tensors)
         ctx.save_for_backward(weight, *kept)
-        y_spec = y_spec if return_spectrum else y_spec.new_empty(0)
+        y_spec = y_spec if return_spectrum else x.new_empty(0)
         ctx.mark_non_differentiable(y_spec)
         return out, y_spec
 
@@ -244,37 +303,33 @@ class _FFTConv(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: torch.Tensor, _: torch.Tensor):  # type: ignore[override]
         plan: DFTPlan = ctx.plan
-        groups, spatial_dims = plan.geometry.groups, ctx.spatial_dims
+        spatial_dims = ctx.spatial_dims
         weight, *kept = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         compute = plan.analysis_w.dtype
-        grad = _as_2d(grad_out.to(compute), spatial_dims)
         w = _as_2d(weight.to(compute), spatial_dims).contiguous()
-        x_spec = None
-        if need_w:
-            if ctx.source is None:
-                (x_spec,) = kept
-            else:
-                x_spec = _analyse(_as_2d(rebuild(ctx.source, kept).to(compute), spatial_dims), plan)
-        g_spec = _synthesise_adjoint(grad, plan)
-        chunks = _chunks(plan, w.shape, w.element_size())
-        buffer = w.new_empty(2, chunks[0][1], w.shape[0], w.shape[1])
-        channels = w.shape[1] * groups
-        gx_spec = g_spec.new_empty(2, g_spec.shape[1], g_spec.shape[2], channels) if need_x else None
+        x_full = None
+        if need_w and ctx.source is not None:
+            x_full = _as_2d(rebuild(ctx.source, kept), spatial_dims)
         grad_w = w.new_zeros(w.shape[0] * w.shape[1], plan.filter_analysis.shape[1]) if need_w else None
-        for f0, f1 in chunks:
-            if need_x:
-                w_spec = _filter_chunk(plan, w, f0, f1, buffer)
-                _mix_grad_input(gx_spec[:, f0:f1], g_spec[:, f0:f1], w_spec, groups)
-            if need_w:
-                gw_spec = buffer[:, : f1 - f0]
-                _mix_grad_filter(gw_spec, x_spec[:, f0:f1], g_spec[:, f0:f1], groups)
-                _accumulate_filter_grad(grad_w, plan, gw_spec, f0, f1)
         grad_x = None
-        if need_x:
-            grad_x = _analyse_adjoint(gx_spec, plan, plan.geometry.in_size[0])
-            grad_x = (grad_x.squeeze(-2) if spatial_dims == 1 else grad_x).to(ctx.input_dtype)
-        grad_b = grad.sum((0, 2, 3)).to(weight.dtype) if need_b and ctx.has_bias else None
+        for part in ctx.slices:
+            grad = _as_2d(grad_out[part].to(compute), spatial_dims)
+            x_spec = None
+            if need_w:
+                x_spec = kept[0][:, :, part] if x_full is None else _analyse(x_full[part].to(compute), plan)
+            gx = _spectra_backward(grad, x_spec, w, grad_w, plan, need_x)
+            if gx is not None:
+                gx = (gx.squeeze(-2) if spatial_dims == 1 else gx).to(ctx.input_dtype)
+                if len(ctx.slices) == 1:
+                    grad_x = gx
+                else:
+                    if grad_x is None:
+                        grad_x = gx.new_empty(grad_out.shape[0], *gx.shape[1:])
+                    grad_x[part] = gx
+        grad_b = None
+        if need_b and ctx.has_bias:
+            grad_b = grad_out.sum((0, *range(2, grad_out.dim())), dtype=compute).to(weight.dtype)
         return (
             grad_x,
             grad_w.view(weight.shape).to(weight.dtype) if need_w else None,

@@ -162,27 +162,42 @@ class _BatchNorm(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: torch.Tensor, *_: torch.Tensor):  # type: ignore[override]
         weight, mean, invstd, *kept = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
         compute = mean.dtype
-        input = rebuild(ctx.source, kept).to(compute)
-        need = ctx.needs_input_grad
-        grad_input, grad_weight, grad_bias = torch.ops.aten.native_batch_norm_backward(
-            grad.to(compute),
-            input,
-            None if weight is None else weight.to(compute),
-            None,
-            None,
-            mean,
-            invstd,
-            True,
-            ctx.eps,
-            [need[0], need[1], need[2]],
-        )
+        shape = (1, -1) + (1,) * (grad.dim() - 2)
+        dims = [0, *range(2, grad.dim())]
+        y = rebuild(ctx.source, kept)
+        # x_hat overwrites the recomputed input when that is a new tensor: one activation-sized
+        # buffer fewer than autograd's own BatchNorm backward at the layer being differentiated.
+        fresh = ctx.source.fresh and y.dtype == compute
+        x_hat = y.to(compute) if fresh else y.to(compute, copy=True)
+        x_hat.sub_(mean.view(shape)).mul_(invstd.view(shape))
+        g = grad.to(compute)
+        grad_b = g.sum(dims)
+        grad_w = _channel_dot(g, x_hat)
+        grad_input = None
+        if need_x:
+            count = g.numel() // g.shape[1]
+            scale = invstd if weight is None else invstd * weight.to(compute)
+            grad_input = x_hat.mul_((grad_w / -count).view(shape)).add_(g).sub_((grad_b / count).view(shape))
+            grad_input = grad_input.mul_(scale.view(shape)).to(ctx.dtype)
         return (
-            None if grad_input is None else grad_input.to(ctx.dtype),
-            None if grad_weight is None else grad_weight.to(weight.dtype),
-            None if grad_bias is None else grad_bias.to(weight.dtype if weight is not None else compute),
+            grad_input,
+            grad_w.to(weight.dtype) if need_w else None,
+            grad_b.to(weight.dtype if weight is not None else compute) if need_b else None,
             *(None for _ in range(5 + len(kept))),
         )
+
+
+def _batch_parts(n: int, parts: int = 8) -> list[slice]:
+    step = -(-n // parts)
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def _channel_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(a * b).sum(all dims but 1)``, an eighth of the batch at a time (small temporaries)."""
+    dims = [0, *range(2, a.dim())]
+    return sum((a[part] * b[part]).sum(dims) for part in _batch_parts(a.shape[0]))  # type: ignore[return-value]
 
 
 def lean_batch_norm(
@@ -246,17 +261,19 @@ class _MaxPool2d(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):  # type: ignore[override]
-        (offset,) = ctx.saved_tensors
+        (offsets,) = ctx.saved_tensors
         shape, kernel, stride, padding, dilation = ctx.geometry
         width = shape[-1]
-        offset = offset.long()
         oh = _window_origins(grad.shape[-2], stride[0], padding[0], grad.device).view(-1, 1)
         ow = _window_origins(grad.shape[-1], stride[1], padding[1], grad.device)
-        row = offset.div(kernel[1], rounding_mode="floor").mul_(dilation[0]).add_(oh)
-        index = row.mul_(width).add_(offset.remainder(kernel[1]).mul_(dilation[1]).add_(ow))
         planes = grad.shape[0] * grad.shape[1] if grad.dim() == 4 else grad.shape[0]
         grad_input = grad.new_zeros(planes, shape[-2] * width)
-        grad_input.scatter_add_(1, index.view(planes, -1), grad.reshape(planes, -1))
+        grad_planes, offsets = grad.reshape(planes, -1, grad.shape[-1]), offsets.view(planes, -1, grad.shape[-1])
+        for part in _batch_parts(planes):  # int64 positions for a part of the planes at a time
+            offset = offsets[part].long()
+            row = offset.div(kernel[1], rounding_mode="floor").mul_(dilation[0]).add_(oh)
+            index = row.mul_(width).add_(offset.remainder_(kernel[1]).mul_(dilation[1]).add_(ow))
+            grad_input[part].scatter_add_(1, index.flatten(1), grad_planes[part].flatten(1))
         return grad_input.view(shape), None, None, None, None, None
 
 
