@@ -136,12 +136,16 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     else:
 
         class Measure(pl.Callback):
-            def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
+            def on_train_batch_start(
+                self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any
+            ) -> None:
                 if trainer.global_step == 1:
                     peak.__enter__()
                 self.meter = SavedTensorMeter(exclude=pl_module.parameters()).__enter__()
 
-            def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
+            def on_before_backward(
+                self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any
+            ) -> None:
                 self.meter.__exit__(None, None, None)
 
             def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *_: Any) -> None:
@@ -153,13 +157,25 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         data = pl.LightningDataModule.from_datasets(TensorDataset(images, labels), batch_size=batch)
         model = ImageClassifier(spec["backbone"], num_classes=10, width=spec["width"])
         trainer = pl.Trainer(
-            accelerator=device.type, devices=1, max_steps=2, limit_val_batches=0, callbacks=callbacks,
-            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            accelerator=device.type,
+            devices=1,
+            max_steps=2,
+            limit_val_batches=0,
+            callbacks=callbacks,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
         )
         trainer.fit(model, data)
         meter = measure.meter
         reduced = _what_was_reduced(model)
-    return {"saved_bytes": meter.bytes, "saved_storages": meter.count, "step_peak_bytes": peak.peak, "reduced": reduced}
+    return {
+        "saved_bytes": meter.bytes,
+        "saved_storages": meter.count,
+        "step_peak_bytes": peak.peak,
+        "reduced": reduced,
+    }
 
 
 # ---------------------------------------------------------------------------- orchestration
@@ -170,7 +186,10 @@ def _run_fresh(spec: dict[str, Any]) -> dict[str, Any]:
     env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
     done = subprocess.run(
         [sys.executable, __file__, "--worker", json.dumps(spec)],
-        capture_output=True, text=True, env=env, timeout=1800,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -187,7 +206,9 @@ def _verdict(ok: bool) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -226,7 +247,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"\n{name} (width {cfg['width'] or 'torchvision'}, batch {cfg['batch']}, "
                 f"{cfg['size']}x{cfg['size']}), path: {path}, device: {args.device}"
             )
-            lines.append(f"{'setting':<8} {'saved MiB':>10} {'ratio':>6} {'target':>7}   {'peak MiB':>9} {'ratio':>6} {'target':>7}")
+            lines.append(
+                f"{'setting':<8} {'saved MiB':>10} {'ratio':>6} {'target':>7}   {'peak MiB':>9} {'ratio':>6} {'target':>7}"
+            )
             for row in rows:
                 target = TARGETS.get(row["compression"]) if row["compression"] is not None else None
                 ok_s = target is None or row["saved_ratio"] <= target[0]
@@ -258,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "benchmark": "model_memory",
-                "command": "PYTHONPATH=. .venv/bin/python benchmarks/model_memory.py" + " ".join([""] + (argv or sys.argv[1:])),
+                "command": "PYTHONPATH=. .venv/bin/python benchmarks/model_memory.py"
+                + " ".join([""] + (argv or sys.argv[1:])),
                 "records": records,
                 "all_targets_pass": all_pass,
                 "meta": {

@@ -124,7 +124,9 @@ class LeanMaxPool2d(LeanModule, nn.MaxPool2d):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if self.return_indices or not lean_wanted(input):
             return super().forward(input)
-        return lean_max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        return lean_max_pool2d(
+            input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode
+        )
 
 
 def _zero_padding(conv: nn.Module) -> tuple[int, ...] | None:
@@ -140,7 +142,9 @@ def _zero_padding(conv: nn.Module) -> tuple[int, ...] | None:
 
 
 class _LeanConv(LeanModule):
-    def _conv_forward(self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _conv_forward(
+        self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         conv: Any = self
         padding = _zero_padding(conv)
         if padding is None or input.dim() != weight.dim() or not lean_wanted(input, weight, bias):

@@ -62,9 +62,15 @@ class ConvBNReLU(nn.Sequential):
     def __init__(self, dims: int = 2, bias: bool = False) -> None:
         conv, bn = (nn.Conv1d, nn.BatchNorm1d) if dims == 1 else (nn.Conv2d, nn.BatchNorm2d)
         super().__init__(
-            conv(3, 8, 3, padding=1, bias=False), bn(8), nn.ReLU(inplace=True),
-            conv(8, 8, 3, padding=1, bias=bias), bn(8), nn.ReLU(),
-            conv(8, 6, 1, stride=2, bias=bias), bn(6), nn.ReLU(inplace=True),
+            conv(3, 8, 3, padding=1, bias=False),
+            bn(8),
+            nn.ReLU(inplace=True),
+            conv(8, 8, 3, padding=1, bias=bias),
+            bn(8),
+            nn.ReLU(),
+            conv(8, 6, 1, stride=2, bias=bias),
+            bn(6),
+            nn.ReLU(inplace=True),
             conv(6, 4, 3, stride=2, padding=1),
         )
 
@@ -191,7 +197,11 @@ def test_in_place_change_after_batchnorm_is_not_mistaken_for_the_recipe() -> Non
     class AddThenRelu(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.conv, self.bn, self.relu = nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(inplace=True)
+            self.conv, self.bn, self.relu = (
+                nn.Conv2d(4, 4, 3, padding=1),
+                nn.BatchNorm2d(4),
+                nn.ReLU(inplace=True),
+            )
             self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -207,10 +217,16 @@ class Checkpointed(nn.Module):
     def __init__(self, use_reentrant: bool) -> None:
         super().__init__()
         self.use_reentrant = use_reentrant
-        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True)
+        )
         self.block = nn.Sequential(
-            nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
-            nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True),
+            nn.Conv2d(8, 8, 3, padding=1, bias=False),
+            nn.BatchNorm2d(8),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(8, 8, 3, padding=1, bias=False),
+            nn.BatchNorm2d(8),
+            nn.ReLU(inplace=True),
         )
         self.head = nn.Conv2d(8, 2, 3, padding=1)
 

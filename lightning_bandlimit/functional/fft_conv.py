@@ -27,7 +27,7 @@ from torch.autograd.function import once_differentiable
 from lightning_bandlimit.functional.band import check_compression
 from lightning_bandlimit.functional.dft_plan import DFTPlan, dft_plan
 from lightning_bandlimit.functional.geometry import ConvGeometry, IntOrTuple, resolve_geometry
-from lightning_bandlimit.functional.lean_ops import lean_conv, lean_wanted
+from lightning_bandlimit.functional.lean_ops import conv_dtype, lean_conv, lean_wanted
 from lightning_bandlimit.functional.sources import Saved, Source, lookup, publish, rebuild
 
 __all__ = ["fft_conv1d", "fft_conv2d"]
@@ -265,6 +265,7 @@ class _FFTConv(torch.autograd.Function):
         x = _as_2d(input.to(compute), spatial_dims)
         w = _as_2d(weight.to(compute), spatial_dims).contiguous()
         n, channels = x.shape[:2]
+        ctx.extra = len(source_tensors)  # tensor arguments after the nine fixed ones
         x_spec_bytes = 2 * plan.band.kept * n * channels * w.element_size()
         if not ctx.needs_input_grad[1]:
             source = None
@@ -276,7 +277,8 @@ class _FFTConv(torch.autograd.Function):
 
         out_shape = (n, w.shape[0], *plan.geometry.out_size[2 - spatial_dims :])
         out_bytes = w.element_size() * math.prod(out_shape)
-        slices = _batch_slices(plan, n, max(channels, w.shape[0]), max(input.nbytes, out_bytes), w.element_size())
+        widest = max(channels, w.shape[0])
+        slices = _batch_slices(plan, n, widest, max(input.nbytes, out_bytes), w.element_size())
         if len(slices) == 1:
             x_spec, y_spec = _spectra(x, w, plan)
             out = _output(y_spec, plan, bias, spatial_dims, out_dtype)
@@ -293,7 +295,7 @@ class _FFTConv(torch.autograd.Function):
 
         kept = (x_spec,) if keep_x_spec else source_tensors if source is not None else ()
         ctx.plan, ctx.source, ctx.spatial_dims, ctx.slices = plan, source, spatial_dims, slices
-        ctx.input_dtype, ctx.has_bias, ctx.extra = input.dtype, bias is not None, len(source_tensors)
+        ctx.input_dtype, ctx.has_bias = input.dtype, bias is not None
         ctx.save_for_backward(weight, *kept)
         y_spec = y_spec if return_spectrum else x.new_empty(0)
         ctx.mark_non_differentiable(y_spec)
@@ -340,12 +342,8 @@ class _FFTConv(torch.autograd.Function):
 
 def _dtypes(input: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
     """(dtype the frequency-domain math runs in, dtype of the result), as ``F.conv2d``."""
-    device_type = input.device.type
-    out_dtype = input.dtype
-    if input.dtype != torch.float64 and torch.is_autocast_enabled(device_type):
-        out_dtype = torch.get_autocast_dtype(device_type)
     compute = torch.float64 if input.dtype == torch.float64 else torch.float32
-    return compute, out_dtype
+    return compute, conv_dtype(input)
 
 
 def _fft_conv(
@@ -396,7 +394,8 @@ def _fft_conv(
             *tensors,
         )
     if publish_spectrum:
-        publish(out, Spectrum(plan, bias is not None, spatial_dims, out_dtype), (y_spec,) if bias is None else (y_spec, bias))
+        spectrum = Spectrum(plan, bias is not None, spatial_dims, out_dtype)
+        publish(out, spectrum, (y_spec,) if bias is None else (y_spec, bias))
     return out.squeeze(0) if unbatched else out
 
 

@@ -27,7 +27,16 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from lightning_bandlimit.functional.sources import Affine, Relu, Saved, Source, affine, lookup, publish, rebuild
+from lightning_bandlimit.functional.sources import (
+    Affine,
+    Relu,
+    Saved,
+    Source,
+    affine,
+    lookup,
+    publish,
+    rebuild,
+)
 
 __all__ = [
     "lean_batch_norm",
@@ -232,10 +241,14 @@ def lean_batch_norm(
         True
     """
     if input.dim() < 2 or input.numel() // max(1, input.shape[1]) <= 1:
-        raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(input.shape)}")
+        raise ValueError(
+            f"Expected more than 1 value per channel when training, got input size {list(input.shape)}"
+        )
     found = lookup(input)
     source, tensors = found if found is not None else (Saved(), (input,))
-    out, scale, shift = _BatchNorm.apply(input, weight, bias, running_mean, running_var, momentum, eps, source, *tensors)
+    out, scale, shift = _BatchNorm.apply(
+        input, weight, bias, running_mean, running_var, momentum, eps, source, *tensors
+    )
     publish(out, Affine(source, out.dtype), (*tensors, scale, shift))
     return out
 
@@ -248,7 +261,9 @@ def _window_origins(out_size: int, stride: int, pad: int, device: torch.device) 
 class _MaxPool2d(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, kernel, stride, padding, dilation, ceil_mode):  # type: ignore[override]
-        out, index = torch.ops.aten.max_pool2d_with_indices(input, kernel, stride, padding, dilation, ceil_mode)
+        out, index = torch.ops.aten.max_pool2d_with_indices(
+            input, kernel, stride, padding, dilation, ceil_mode
+        )
         height, width = input.shape[-2:]
         oh = _window_origins(out.shape[-2], stride[0], padding[0], out.device).view(-1, 1)
         ow = _window_origins(out.shape[-1], stride[1], padding[1], out.device)
@@ -268,7 +283,10 @@ class _MaxPool2d(torch.autograd.Function):
         ow = _window_origins(grad.shape[-1], stride[1], padding[1], grad.device)
         planes = grad.shape[0] * grad.shape[1] if grad.dim() == 4 else grad.shape[0]
         grad_input = grad.new_zeros(planes, shape[-2] * width)
-        grad_planes, offsets = grad.reshape(planes, -1, grad.shape[-1]), offsets.view(planes, -1, grad.shape[-1])
+        grad_planes, offsets = (
+            grad.reshape(planes, -1, grad.shape[-1]),
+            offsets.view(planes, -1, grad.shape[-1]),
+        )
         for part in _batch_parts(planes):  # int64 positions for a part of the planes at a time
             offset = offsets[part].long()
             row = offset.div(kernel[1], rounding_mode="floor").mul_(dilation[0]).add_(oh)
@@ -319,8 +337,8 @@ def _subsample(x: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
     return x[index]
 
 
-def compute_dtype(input: torch.Tensor) -> torch.dtype:
-    """The dtype a native convolution of ``input`` runs in: autocast's, if it applies."""
+def conv_dtype(input: torch.Tensor) -> torch.dtype:
+    """The dtype ``F.conv2d`` of ``input`` runs in and returns: autocast's, if it applies."""
     device = input.device.type
     if input.dtype != torch.float64 and torch.is_autocast_enabled(device):
         return torch.get_autocast_dtype(device)
@@ -342,13 +360,18 @@ class _NativeConv(torch.autograd.Function):
         source: Source | None,
         *source_tensors: torch.Tensor,
     ) -> torch.Tensor:
-        dtype = compute_dtype(input)
+        dtype = conv_dtype(input)
         spatial_dims = weight.dim() - 2
         x = input if subsample is None else _subsample(input, subsample).contiguous()
         with torch.autocast(input.device.type, enabled=False):
             out = _conv(spatial_dims)(
-                x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype),
-                stride, padding, dilation, groups,
+                x.to(dtype),
+                weight.to(dtype),
+                None if bias is None else bias.to(dtype),
+                stride,
+                padding,
+                dilation,
+                groups,
             )
         if source is None:
             source, source_tensors = Saved(), (x,)
