@@ -21,6 +21,7 @@ The backward passes call the same ATen kernels as autograd's (``convolution_back
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -32,7 +33,6 @@ from lightning_bandlimit.functional.sources import (
     Relu,
     Saved,
     Source,
-    affine,
     lookup,
     publish,
     rebuild,
@@ -49,6 +49,7 @@ __all__ = [
 ]
 
 _BIT_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+_UNPACK_TABLES: dict[torch.device, torch.Tensor] = {}
 
 
 def lean_wanted(input: torch.Tensor, *params: torch.Tensor | None) -> bool:
@@ -62,6 +63,13 @@ def _bits(device: torch.device) -> torch.Tensor:
     if device not in _BIT_WEIGHTS:
         _BIT_WEIGHTS[device] = (2 ** torch.arange(8, dtype=torch.uint8)).to(device)
     return _BIT_WEIGHTS[device]
+
+
+def _unpack_table(device: torch.device) -> torch.Tensor:
+    """``(256, 8)`` bool: the bits of every byte, lowest first."""
+    if device not in _UNPACK_TABLES:
+        _UNPACK_TABLES[device] = (torch.arange(256)[:, None] >> torch.arange(8)).bitwise_and(1).bool().to(device)
+    return _UNPACK_TABLES[device]
 
 
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -83,11 +91,8 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
 
 def unpack_mask(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     """The inverse of :func:`pack_mask`: a bool tensor of ``shape``."""
-    numel = 1
-    for size in shape:
-        numel *= size
-    bits = packed.unsqueeze(1).bitwise_and(_bits(packed.device)).ne(0)
-    return bits.view(-1)[:numel].view(tuple(shape))
+    numel = math.prod(shape)
+    return _unpack_table(packed.device)[packed.long()].view(-1)[:numel].view(tuple(shape))
 
 
 # --------------------------------------------------------------------------------------- ReLU
@@ -108,7 +113,7 @@ class _Relu(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (packed,) = ctx.saved_tensors
-        return grad.masked_fill(unpack_mask(packed, ctx.shape), 0), None
+        return torch.where(unpack_mask(packed, ctx.shape), 0.0, grad), None
 
 
 def lean_relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
@@ -150,18 +155,13 @@ class _BatchNorm(torch.autograd.Function):
         source: Source,
         *source_tensors: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        compute = torch.float64 if input.dtype == torch.float64 else torch.float32
-        dims = [0, *range(2, input.dim())]
-        var, mean = torch.var_mean(input.to(compute), dim=dims, correction=0)
-        invstd = torch.rsqrt(var + eps)
-        if running_mean is not None and running_var is not None:
-            count = input.numel() // input.shape[1]
-            running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
-            unbiased = var * (count / (count - 1))
-            running_var.mul_(1 - momentum).add_(unbiased.to(running_var.dtype), alpha=momentum)
+        # ATen's own kernel: the statistics, running-statistics update and output of F.batch_norm.
+        out, mean, invstd = torch.native_batch_norm(
+            input, weight, bias, running_mean, running_var, True, momentum, eps
+        )
+        compute = mean.dtype
         scale = invstd if weight is None else invstd * weight.to(compute)
         shift = -mean * scale if bias is None else bias.to(compute) - mean * scale
-        out = affine(input, scale, shift, input.dtype)
         ctx.source, ctx.eps, ctx.dtype = source, eps, input.dtype
         ctx.save_for_backward(weight, mean, invstd, *source_tensors)
         ctx.mark_non_differentiable(scale, shift)
@@ -220,9 +220,9 @@ def lean_batch_norm(
 ) -> torch.Tensor:
     """``F.batch_norm(..., training=True)`` that keeps its input in the smallest exact form.
 
-    Statistics and running-statistics updates are those of ``F.batch_norm`` (biased variance
-    for normalising, unbiased for the running estimate), computed in float32 (float64 for
-    float64 inputs); the result has the input's dtype.
+    The output, the statistics and the running-statistics update come from ATen's
+    ``native_batch_norm``, the kernel ``F.batch_norm`` runs on the CPU; the output is offered to
+    the next op as ``affine(input, scale, shift)``, equal to it to round-off.
 
     Args:
         input: ``(N, C, *)``.

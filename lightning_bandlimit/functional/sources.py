@@ -5,8 +5,10 @@ chain most of them are recomputable exactly from something smaller that is kept 
 band-limited convolution's output from its kept spectrum, a BatchNorm output from its input and
 two per-channel vectors, a ReLU output from the BatchNorm output it was computed from. A
 :class:`Source` is such a recipe: a frozen description plus the tensors it reads, and
-:meth:`Source.rebuild` recomputes the activation with the very same operations the forward pass
-used, so the result is the same tensor (bit for bit on a deterministic backend).
+:meth:`Source.rebuild` recomputes the activation: with the very same operations the forward pass
+used (a convolution's output from its spectrum, bit for bit on a deterministic backend), or with
+the same formula in another kernel (a BatchNorm output, equal to round-off; what must be exact,
+the ReLU mask, is kept from the forward pass itself).
 
 Hand-off: the producing op :func:`publish`-es a source for the tensor it returns; the next op that
 would save that tensor looks it up with :func:`lookup` and saves the source's tensors instead
@@ -59,7 +61,7 @@ class Saved(Source):
 def affine(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``(x * scale + shift)`` per channel (dim 1), computed in ``scale``'s dtype, returned in ``dtype``.
 
-    The one formula BatchNorm's forward pass and every recomputation of it use.
+    How a BatchNorm output in training mode is recomputed from its input.
 
     Example:
         >>> x = torch.ones(2, 3, 4)
