@@ -362,6 +362,7 @@ class _NativeConv(torch.autograd.Function):
     ) -> torch.Tensor:
         dtype = conv_dtype(input)
         spatial_dims = weight.dim() - 2
+        ctx.extra = len(source_tensors)  # tensor arguments after the nine fixed ones
         x = input if subsample is None else _subsample(input, subsample).contiguous()
         with torch.autocast(input.device.type, enabled=False):
             out = _conv(spatial_dims)(
@@ -416,7 +417,7 @@ class _NativeConv(torch.autograd.Function):
             grad_x,
             None if grad_w is None else grad_w.to(weight.dtype),
             None if grad_b is None else grad_b.to(weight.dtype),
-            *(None for _ in range(6 + len(kept))),
+            *(None for _ in range(6 + ctx.extra)),
         )
 
 
