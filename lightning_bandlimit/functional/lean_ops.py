@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 _BIT_WEIGHTS: dict[torch.device, torch.Tensor] = {}
-_UNPACK_TABLES: dict[torch.device, torch.Tensor] = {}
+_UNPACK_TABLES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
 def lean_wanted(input: torch.Tensor, *params: torch.Tensor | None) -> bool:
@@ -65,11 +65,13 @@ def _bits(device: torch.device) -> torch.Tensor:
     return _BIT_WEIGHTS[device]
 
 
-def _unpack_table(device: torch.device) -> torch.Tensor:
-    """``(256, 8)`` bool: the bits of every byte, lowest first."""
-    if device not in _UNPACK_TABLES:
-        _UNPACK_TABLES[device] = (torch.arange(256)[:, None] >> torch.arange(8)).bitwise_and(1).bool().to(device)
-    return _UNPACK_TABLES[device]
+def _unpack_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``(256, 8)`` of ``dtype``: the bits of every byte, lowest first."""
+    key = (device, dtype)
+    if key not in _UNPACK_TABLES:
+        bits = (torch.arange(256)[:, None] >> torch.arange(8)).bitwise_and(1)
+        _UNPACK_TABLES[key] = bits.to(device=device, dtype=dtype)
+    return _UNPACK_TABLES[key]
 
 
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -86,13 +88,14 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
     pad = -flat.numel() % 8
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
-    return (flat.view(-1, 8).to(torch.uint8) * _bits(flat.device)).sum(1, dtype=torch.uint8)
+    # bool is one byte of 0 or 1: reinterpret it, no copy
+    return (flat.view(torch.uint8).view(-1, 8) * _bits(flat.device)).sum(1, dtype=torch.uint8)
 
 
-def unpack_mask(packed: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
-    """The inverse of :func:`pack_mask`: a bool tensor of ``shape``."""
+def unpack_mask(packed: torch.Tensor, shape: Sequence[int], dtype: torch.dtype = torch.bool) -> torch.Tensor:
+    """The inverse of :func:`pack_mask`: a tensor of ``shape`` (``dtype``: bool, or 0/1 values)."""
     numel = math.prod(shape)
-    return _unpack_table(packed.device)[packed.long()].view(-1)[:numel].view(tuple(shape))
+    return _unpack_table(packed.device, dtype)[packed.long()].view(-1)[:numel].view(tuple(shape))
 
 
 # --------------------------------------------------------------------------------------- ReLU
@@ -105,15 +108,16 @@ class _Relu(torch.autograd.Function):
         else:
             out = input.relu()
         ctx.shape = out.shape
-        # Where the output is <= 0 the gradient is zero: threshold_backward's rule (NaN passes).
-        ctx.save_for_backward(pack_mask(out.le(0)))
+        # Where the output is > 0 the gradient passes (NaN too, as in threshold_backward).
+        ctx.save_for_backward(pack_mask(out.le(0).logical_not_()))
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (packed,) = ctx.saved_tensors
-        return torch.where(unpack_mask(packed, ctx.shape), 0.0, grad), None
+        passes = unpack_mask(packed, ctx.shape, grad.dtype)  # 1.0 where the gradient passes
+        return torch.ops.aten.threshold_backward(grad, passes, 0), None
 
 
 def lean_relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
