@@ -21,7 +21,7 @@ from lightning_bandlimit.functional import fft_conv2d, sources
 from lightning_bandlimit.functional.dft_plan import dft_plan
 from lightning_bandlimit.functional.fft_conv import _batch_slices
 from lightning_bandlimit.functional.geometry import resolve_geometry
-from lightning_bandlimit.functional.lean_ops import lean_max_pool2d, pack_mask, unpack_mask
+from lightning_bandlimit.functional.lean_ops import lean_max_pool2d, lean_relu, pack_mask, unpack_mask
 from lightning_bandlimit.lean_layers import LeanBatchNorm2d, LeanModule, LeanReLU
 from lightning_bandlimit.models.backbones import cifar_resnet18
 
@@ -353,3 +353,12 @@ def test_large_grid_spectra_are_computed_a_batch_slice_at_a_time(memory_lean: bo
     assert torch.allclose(out, torch.cat(outs), rtol=1e-10, atol=1e-12)
     for a, e in zip(got, want):
         assert torch.allclose(a, e, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(5, 3, 7), (9, 4, 2, 2), (3,)])
+def test_relu_gradient_matches_plain_for_any_shape(shape: tuple[int, ...]) -> None:
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(shape, dtype=torch.float64)
+    (g_lean,) = torch.autograd.grad(lean_relu(x * 1.0), x, grad)
+    (g_plain,) = torch.autograd.grad(F.relu(x * 1.0), x, grad)
+    assert torch.equal(g_lean, g_plain)

@@ -59,6 +59,11 @@ def lean_wanted(input: torch.Tensor, *params: torch.Tensor | None) -> bool:
     )
 
 
+def _batch_parts(n: int, parts: int = 8) -> list[slice]:
+    step = -(-n // parts)
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
 def _bits(device: torch.device) -> torch.Tensor:
     if device not in _BIT_WEIGHTS:
         _BIT_WEIGHTS[device] = (2 ** torch.arange(8, dtype=torch.uint8)).to(device)
@@ -116,8 +121,16 @@ class _Relu(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (packed,) = ctx.saved_tensors
-        passes = unpack_mask(packed, ctx.shape, grad.dtype)  # 1.0 where the gradient passes
-        return torch.ops.aten.threshold_backward(grad, passes, 0), None
+        per_sample = math.prod(ctx.shape[1:])
+        if grad.dim() < 2 or per_sample % 8:
+            return torch.ops.aten.threshold_backward(grad, unpack_mask(packed, ctx.shape, grad.dtype), 0), None
+        # 1.0 where the gradient passes, unpacked a part of the batch at a time: a small temporary
+        grad_input = torch.empty_like(grad)
+        for part in _batch_parts(grad.shape[0]):
+            bits = packed[part.start * per_sample // 8 : part.stop * per_sample // 8]
+            passes = unpack_mask(bits, grad[part].shape, grad.dtype)
+            grad_input[part] = torch.ops.aten.threshold_backward(grad[part], passes, 0)
+        return grad_input, None
 
 
 def lean_relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
@@ -200,11 +213,6 @@ class _BatchNorm(torch.autograd.Function):
             grad_b.to(weight.dtype if weight is not None else compute) if need_b else None,
             *(None for _ in range(5 + len(kept))),
         )
-
-
-def _batch_parts(n: int, parts: int = 8) -> list[slice]:
-    step = -(-n // parts)
-    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
 def _channel_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
