@@ -40,10 +40,10 @@ class BandLimitedConvNd:
             may be changed at any time, it applies from the next forward pass.
         achieved_compression: the quantised rate actually applied in the last forward pass
             (``None`` before the first one); it depends on the input size.
-        memory_lean: keep for backward only the smallest exact form of the input and offer the
-            output as its spectrum to a following lean BatchNorm (see ``memory_lean`` in
-            :func:`~lightning_bandlimit.functional.fft_conv2d`); on by default, may be changed
-            at any time.
+        memory_lean: in training mode, keep for backward only the smallest exact form of the
+            input and offer the output as its spectrum to a following lean BatchNorm (see
+            ``memory_lean`` in :func:`~lightning_bandlimit.functional.fft_conv2d`); on by
+            default, may be changed at any time.
     """
 
     _plain: type[nn.Module]  # the convolution class this one band-limits
@@ -69,7 +69,7 @@ class BandLimitedConvNd:
             self.groups,  # type: ignore[attr-defined]
             padding_mode=self.padding_mode,  # type: ignore[attr-defined]
             compression=self._compression,
-            memory_lean=self.memory_lean,
+            memory_lean=self.memory_lean and self.training,  # type: ignore[attr-defined]
         )
         self._record_band(input)
         return out

@@ -6,7 +6,8 @@ keys, ``repr``) and only changes what autograd keeps for backward, through the o
 input as the spectrum a band-limited convolution handed over, a convolution after
 ``BatchNorm -> ReLU`` keeps nothing new, a max-pool keeps one byte per output. The results and
 gradients equal those of the plain modules (to round-off). Outside training with gradients
-(``eval()``, ``torch.no_grad()``, inference) they run the plain module's forward.
+(``eval()`` (e.g. attacks that need input gradients), ``torch.no_grad()``, inference) they run
+the plain module's forward.
 
 :func:`~lightning_bandlimit.surgery.bandlimit` swaps them in (``memory_lean=True``, the default)
 and :func:`~lightning_bandlimit.surgery.unbandlimit` swaps them back.
@@ -59,7 +60,7 @@ class LeanReLU(LeanModule, nn.ReLU):
     _plain = nn.ReLU
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not lean_wanted(input):
+        if not (self.training and lean_wanted(input)):
             return super().forward(input)
         return lean_relu(input, self.inplace)
 
@@ -122,7 +123,7 @@ class LeanMaxPool2d(LeanModule, nn.MaxPool2d):
     _plain = nn.MaxPool2d
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self.return_indices or not lean_wanted(input):
+        if self.return_indices or not (self.training and lean_wanted(input)):
             return super().forward(input)
         return lean_max_pool2d(
             input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode
@@ -147,7 +148,8 @@ class _LeanConv(LeanModule):
     ) -> torch.Tensor:
         conv: Any = self
         padding = _zero_padding(conv)
-        if padding is None or input.dim() != weight.dim() or not lean_wanted(input, weight, bias):
+        lean = conv.training and lean_wanted(input, weight, bias)
+        if padding is None or input.dim() != weight.dim() or not lean:
             return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
         return lean_conv(input, weight, bias, conv.stride, padding, conv.dilation, conv.groups)
 
