@@ -41,7 +41,8 @@ class DFTPlan:
             columns ``(j, r)``.
         synthesis_w: ``(2K, Q)``: real inverse of the one-sided DFT at the output columns,
             including the ``1 / (H_grid W_grid)`` normalisation.
-        filter_analysis: ``(2F, kh kw)``: 2-D DFT of the dilated kernel, rows ``(j, f)``.
+        filter_analysis: ``(2F, kh kw)``: 2-D DFT of the dilated kernel, rows ``(f, j)`` (re/im
+            interleaved, so that a run of frequencies is one contiguous block of rows).
         analysis_h_t, synthesis_h_t: contiguous transposes, for the backward pass.
     """
 
@@ -130,7 +131,7 @@ def _cpu_plan(geometry: ConvGeometry, band: SpectralBand) -> DFTPlan:
     e_h = _phase(rows, torch.arange(kh) * geometry.dilation[0], grid_h, -1.0)
     e_w = _phase(cols, torch.arange(kw) * geometry.dilation[1], grid_w, -1.0)
     e = (e_h[:, None, :, None] * e_w[None, :, None, :]).reshape(len(rows) * len(cols), kh * kw)
-    filter_analysis = torch.cat([e.real, e.imag], 0)
+    filter_analysis = torch.stack([e.real, e.imag], 1).reshape(2 * e.shape[0], -1)
     return DFTPlan(
         geometry,
         band,

@@ -79,6 +79,7 @@ def _synthesise_adjoint(grad: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
 # re-reads the weight (and read-modify-writes its gradient), hence the cap on their number.
 _FILTER_CHUNK_BYTES = 1 << 22
 _MAX_FILTER_CHUNKS = 4
+_SPECTRUM_TO_ACTIVATION = 2
 
 
 def _chunks(plan: DFTPlan, weight_shape: torch.Size, element_size: int) -> list[tuple[int, int]]:
@@ -88,21 +89,37 @@ def _chunks(plan: DFTPlan, weight_shape: torch.Size, element_size: int) -> list[
     return [(f, min(f + step, n_freq)) for f in range(0, n_freq, step)]
 
 
-def _filter_chunk(plan: DFTPlan, weight: torch.Tensor, f0: int, f1: int, buffer: torch.Tensor) -> torch.Tensor:
-    """Frequencies ``f0:f1`` of the dilated kernel's spectrum, ``(2, f1 - f0, O, C/g)``."""
-    n_freq, fc = plan.band.kept, f1 - f0
-    taps = weight.reshape(weight.shape[0] * weight.shape[1], -1).T  # (kh kw, O C/g), a view
-    out = buffer[:, :fc]
-    torch.mm(plan.filter_analysis[f0:f1], taps, out=out[0].view(fc, -1))
-    torch.mm(plan.filter_analysis[n_freq + f0 : n_freq + f1], taps, out=out[1].view(fc, -1))
-    return out
+def _filter_buffer(plan: DFTPlan, w: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Room for ``chunk`` frequencies of a filter spectrum, ``(chunk, 2, O, C/g)`` (re/im inner)."""
+    return w.new_empty(chunk, 2, w.shape[0], w.shape[1])
 
 
-def _accumulate_filter_grad(grad_w: torch.Tensor, plan: DFTPlan, spec: torch.Tensor, f0: int, f1: int) -> None:
-    """``grad_w (O C/g, kh kw) += `` transpose of :func:`_filter_chunk` applied to ``spec``."""
-    n_freq, fc = plan.band.kept, f1 - f0
-    grad_w.addmm_(spec[0].view(fc, -1).T, plan.filter_analysis[f0:f1])
-    grad_w.addmm_(spec[1].view(fc, -1).T, plan.filter_analysis[n_freq + f0 : n_freq + f1])
+def _filter_chunk(plan: DFTPlan, taps: torch.Tensor, f0: int, f1: int, buffer: torch.Tensor) -> torch.Tensor:
+    """Frequencies ``f0:f1`` of the dilated kernel's spectrum, as a ``(2, f1 - f0, O, C/g)`` view.
+
+    ``taps`` is the weight as a contiguous ``(kh kw, O C/g)`` matrix: one GEMM per chunk.
+    """
+    fc = f1 - f0
+    out = buffer[:fc]
+    torch.mm(plan.filter_analysis[2 * f0 : 2 * f1], taps, out=out.view(2 * fc, -1))
+    return out.transpose(0, 1)
+
+
+def _grad_chunk(buffer: torch.Tensor, fc: int) -> torch.Tensor:
+    """A contiguous ``(2, fc, O, C/g)`` filter-gradient spectrum in the storage of ``buffer``."""
+    return buffer.view(-1)[: 2 * fc * buffer[0, 0].numel()].view(2, fc, *buffer.shape[2:])
+
+
+def _accumulate_filter_grad(grad_taps: torch.Tensor, plan: DFTPlan, spec: torch.Tensor, f0: int, f1: int) -> None:
+    """``grad_taps (kh kw, O C/g) += `` transpose of :func:`_filter_chunk` applied to ``spec``."""
+    fc = f1 - f0
+    grad_taps.addmm_(plan.filter_analysis[2 * f0 : 2 * f1 : 2].T, spec[0].view(fc, -1))
+    grad_taps.addmm_(plan.filter_analysis[2 * f0 + 1 : 2 * f1 : 2].T, spec[1].view(fc, -1))
+
+
+def _taps(w: torch.Tensor) -> torch.Tensor:
+    """The weight ``(O, C/g, kh, kw)`` as a contiguous ``(kh kw, O C/g)`` matrix."""
+    return w.reshape(w.shape[0] * w.shape[1], -1).T.contiguous()
 
 
 def _group_slices(channels_in: int, channels_out: int, groups: int) -> list[tuple[slice, slice]]:
@@ -198,25 +215,28 @@ KEEP_SMALLER = "smaller"  # the input's published recipe if any, else spectrum o
 
 
 def _batch_slices(plan: DFTPlan, n: int, channels: int, activation_bytes: int, itemsize: int) -> list[slice]:
-    """Batch slices whose spectral temporaries stay within the size of the activations.
+    """Batch slices whose spectral temporaries stay within twice the size of the activations.
 
     A spectrum on a padded grid can be several times its feature map (a stride-2 layer on a
     large map keeps a quarter of the pixels but the grid's whole band); computing it a slice of
-    the batch at a time bounds the transient memory without changing the result.
+    the batch at a time bounds the transient memory without changing the result. Every slice
+    recomputes the filter spectrum, hence the factor of two before slicing starts.
     """
     per_sample = 2 * plan.band.kept * channels * itemsize
-    step = max(1, min(n, activation_bytes // max(1, per_sample)))
+    step = max(1, min(n, _SPECTRUM_TO_ACTIVATION * activation_bytes // max(1, per_sample)))
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def _spectra(x: torch.Tensor, w: torch.Tensor, plan: DFTPlan) -> tuple[torch.Tensor, torch.Tensor]:
+def _spectra(
+    x: torch.Tensor, w: torch.Tensor, taps: torch.Tensor, plan: DFTPlan
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Kept input spectrum and output spectrum of one batch slice ``x`` (compute dtype, 2-D form)."""
     x_spec = _analyse(x, plan)
     y_spec = x_spec.new_empty(2, x_spec.shape[1], x_spec.shape[2], w.shape[0])
     chunks = _chunks(plan, w.shape, w.element_size())
-    buffer = w.new_empty(2, chunks[0][1], w.shape[0], w.shape[1])
+    buffer = _filter_buffer(plan, w, chunks[0][1])
     for f0, f1 in chunks:
-        w_spec = _filter_chunk(plan, w, f0, f1, buffer)
+        w_spec = _filter_chunk(plan, taps, f0, f1, buffer)
         _mix(y_spec[:, f0:f1], x_spec[:, f0:f1], w_spec, plan.geometry.groups)
     return x_spec, y_spec
 
@@ -225,24 +245,25 @@ def _spectra_backward(
     grad: torch.Tensor,
     x_spec: torch.Tensor | None,
     w: torch.Tensor,
-    grad_w: torch.Tensor | None,
+    taps: torch.Tensor,
+    grad_taps: torch.Tensor | None,
     plan: DFTPlan,
     need_x: bool,
 ) -> torch.Tensor | None:
-    """Input gradient of one batch slice (if ``need_x``); adds the filter gradient to ``grad_w``."""
+    """Input gradient of one batch slice (if ``need_x``); adds the filter gradient to ``grad_taps``."""
     groups = plan.geometry.groups
     g_spec = _synthesise_adjoint(grad, plan)
     chunks = _chunks(plan, w.shape, w.element_size())
-    buffer = w.new_empty(2, chunks[0][1], w.shape[0], w.shape[1])
+    buffer = _filter_buffer(plan, w, chunks[0][1])
     gx_spec = g_spec.new_empty(2, g_spec.shape[1], g_spec.shape[2], w.shape[1] * groups) if need_x else None
     for f0, f1 in chunks:
         if gx_spec is not None:
-            w_spec = _filter_chunk(plan, w, f0, f1, buffer)
+            w_spec = _filter_chunk(plan, taps, f0, f1, buffer)
             _mix_grad_input(gx_spec[:, f0:f1], g_spec[:, f0:f1], w_spec, groups)
-        if grad_w is not None and x_spec is not None:
-            gw_spec = buffer[:, : f1 - f0]
+        if grad_taps is not None and x_spec is not None:
+            gw_spec = _grad_chunk(buffer, f1 - f0)
             _mix_grad_filter(gw_spec, x_spec[:, f0:f1], g_spec[:, f0:f1], groups)
-            _accumulate_filter_grad(grad_w, plan, gw_spec, f0, f1)
+            _accumulate_filter_grad(grad_taps, plan, gw_spec, f0, f1)
     return None if gx_spec is None else _analyse_adjoint(gx_spec, plan, plan.geometry.in_size[0])
 
 
@@ -279,15 +300,16 @@ class _FFTConv(torch.autograd.Function):
         out_bytes = w.element_size() * math.prod(out_shape)
         widest = max(channels, w.shape[0])
         slices = _batch_slices(plan, n, widest, max(input.nbytes, out_bytes), w.element_size())
+        taps = _taps(w)
         if len(slices) == 1:
-            x_spec, y_spec = _spectra(x, w, plan)
+            x_spec, y_spec = _spectra(x, w, taps, plan)
             out = _output(y_spec, plan, bias, spatial_dims, out_dtype)
         else:
             out = x.new_empty(out_shape, dtype=out_dtype)
             x_spec = x.new_empty(2, plan.band.kept, n, channels) if keep_x_spec else None
             y_spec = x.new_empty(2, plan.band.kept, n, w.shape[0]) if return_spectrum else None
             for part in slices:
-                xs, ys = _spectra(x[part], w, plan)
+                xs, ys = _spectra(x[part], w, taps, plan)
                 out[part] = _output(ys, plan, bias, spatial_dims, out_dtype)
                 for full, piece in ((x_spec, xs), (y_spec, ys)):
                     if full is not None:
@@ -313,14 +335,15 @@ class _FFTConv(torch.autograd.Function):
         x_full = None
         if need_w and ctx.source is not None:
             x_full = _as_2d(rebuild(ctx.source, kept), spatial_dims)
-        grad_w = w.new_zeros(w.shape[0] * w.shape[1], plan.filter_analysis.shape[1]) if need_w else None
+        taps = _taps(w)
+        grad_taps = torch.zeros_like(taps) if need_w else None
         grad_x = None
         for part in ctx.slices:
             grad = _as_2d(grad_out[part].to(compute), spatial_dims)
             x_spec = None
             if need_w:
                 x_spec = kept[0][:, :, part] if x_full is None else _analyse(x_full[part].to(compute), plan)
-            gx = _spectra_backward(grad, x_spec, w, grad_w, plan, need_x)
+            gx = _spectra_backward(grad, x_spec, w, taps, grad_taps, plan, need_x)
             if gx is not None:
                 gx = (gx.squeeze(-2) if spatial_dims == 1 else gx).to(ctx.input_dtype)
                 if len(ctx.slices) == 1:
@@ -334,7 +357,7 @@ class _FFTConv(torch.autograd.Function):
             grad_b = grad_out.sum((0, *range(2, grad_out.dim())), dtype=compute).to(weight.dtype)
         return (
             grad_x,
-            grad_w.view(weight.shape).to(weight.dtype) if need_w else None,
+            grad_taps.T.reshape(weight.shape).to(weight.dtype) if grad_taps is not None else None,
             grad_b,
             *(None for _ in range(6 + ctx.extra)),
         )
