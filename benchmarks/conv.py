@@ -140,11 +140,13 @@ def build_candidates(spec: LayerSpec, compressions: list[float], device: torch.d
     reference = nn.Conv2d(spec.in_channels, spec.out_channels, **common).to(device)
     candidates = [Candidate(REFERENCE, None, reference, [])]
     for c in compressions:
-        # memory_lean=False: the frequency-domain kernel itself at every c (memory-lean layers
-        # run the native convolution at a full band); whole-model memory is model_memory.py's.
+        # memory_lean=False, algorithm="spectral": the frequency-domain kernel itself at every c
+        # (the default dispatches a full band to the native convolution and picks the cheaper
+        # algorithm per shape); whole-model figures are model_memory.py's and model_speed.py's.
         layer = BandLimitedConv2d(
             spec.in_channels, spec.out_channels, compression=c, memory_lean=False, **common
         ).to(device)
+        layer.algorithm = "spectral"
         with torch.no_grad():
             layer.weight.copy_(reference.weight)
         achieved = spectral_band(spec.grid, c).compression

@@ -20,7 +20,7 @@ from lightning_bandlimit.functional import check_compression, fft_conv1d, fft_co
 __all__ = ["BandLimitedConv1d", "BandLimitedConv2d", "BandLimitedConvNd"]
 
 _Self = TypeVar("_Self", bound="BandLimitedConvNd")
-_BANDLIMIT_ATTRIBUTES = ("_compression", "achieved_compression", "memory_lean")
+_BANDLIMIT_ATTRIBUTES = ("_compression", "achieved_compression", "memory_lean", "algorithm")
 
 
 def _twin(source: nn.Module, cls: type, skip: tuple[str, ...] = ()) -> Any:
@@ -44,6 +44,10 @@ class BandLimitedConvNd:
             input and offer the output as its spectrum to a following lean BatchNorm (see
             ``memory_lean`` in :func:`~lightning_bandlimit.functional.fft_conv2d`); on by
             default, may be changed at any time.
+        algorithm: ``"auto"`` (default), ``"spectral"`` or ``"spatial"``: how the band-limited
+            convolution is computed (``algorithm`` in
+            :func:`~lightning_bandlimit.functional.fft_conv2d`; same result either way). Set it
+            to ``"spectral"`` to measure the frequency-domain kernel itself.
     """
 
     _plain: type[nn.Module]  # the convolution class this one band-limits
@@ -51,6 +55,7 @@ class BandLimitedConvNd:
     _compression: float
     achieved_compression: float | None
     memory_lean: bool
+    algorithm: str = "auto"
 
     def __init__(self, *args: Any, compression: float = 0.0, memory_lean: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -70,6 +75,7 @@ class BandLimitedConvNd:
             padding_mode=self.padding_mode,  # type: ignore[attr-defined]
             compression=self._compression,
             memory_lean=self.memory_lean and self.training,  # type: ignore[attr-defined]
+            algorithm=self.algorithm,
         )
         self._record_band(input)
         return out
@@ -142,7 +148,8 @@ class BandLimitedConvNd:
 
     def extra_repr(self) -> str:
         lean = "" if self.memory_lean else ", memory_lean=False"
-        return f"{super().extra_repr()}, compression={self._compression}{lean}"  # type: ignore[misc]
+        algorithm = "" if self.algorithm == "auto" else f", algorithm={self.algorithm!r}"
+        return f"{super().extra_repr()}, compression={self._compression}{lean}{algorithm}"  # type: ignore[misc]
 
 
 class BandLimitedConv2d(BandLimitedConvNd, nn.Conv2d):

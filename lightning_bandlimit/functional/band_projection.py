@@ -9,7 +9,11 @@ only ``P`` is new. The box is separable, ``P = P_h (x) P_w``, and each factor ha
 orthonormal basis ``1, sqrt(2) cos(2 pi f p / G), sqrt(2) sin(2 pi f p / G)`` (``f = 1..n``, scaled
 by ``1 / sqrt(G)``) of the kept frequencies ``|f| <= n``; the padding (any mode) is folded into
 the analysis matrices as in :mod:`.dft_plan`. Per axis, ``analysis = B^T A`` (band coefficients
-of the padded input) and ``synthesis = B`` (back onto the grid).
+of the padded input) and ``synthesis = B`` (back onto the grid). Along an axis where the kernel
+is one tap wide, the strided convolution reads only every ``stride``-th position, so the synthesis
+is evaluated there alone and the convolution runs with stride 1 on that axis. On small maps the
+two axes are one dense ``(G_h G_w, H W)`` matrix, :attr:`ProjectionPlan.dense` (one large matrix
+product instead of many tiny ones).
 """
 
 from __future__ import annotations
@@ -24,7 +28,9 @@ from lightning_bandlimit.functional.band import SpectralBand, spectral_band
 from lightning_bandlimit.functional.dft_plan import _source_positions
 from lightning_bandlimit.functional.geometry import ConvGeometry
 
-__all__ = ["ProjectionPlan", "projection_plan"]
+__all__ = ["ProjectionPlan", "band_input", "band_input_adjoint", "projection_plan", "reduce_input"]
+
+_DENSE_PIXELS = 100  # maps up to 10 x 10
 
 
 @dataclass(frozen=True)
@@ -37,8 +43,11 @@ class ProjectionPlan:
         analysis_h: ``(R, H)``: band coefficients along H of the padded input (``R`` kept
             two-sided frequencies, counted as real basis functions).
         analysis_w: ``(K, W)``: the same along W (``K = 2 * cols - 1``, or the whole grid).
-        synthesis_h: ``(G_h, R)``: the basis along H, on the padded grid.
-        synthesis_w: ``(G_w, K)``: the basis along W.
+        synthesis_h: ``(G_h, R)``: the basis along H at the grid positions the convolution reads.
+        synthesis_w: ``(G_w, K)``: the basis along W, likewise.
+        conv_stride: the stride of the native convolution on the synthesised input.
+        dense: on small maps, ``synthesis (x) synthesis @ analysis (x) analysis`` as one
+            ``(G_h G_w, H W)`` matrix; else ``None``.
     """
 
     geometry: ConvGeometry
@@ -47,6 +56,8 @@ class ProjectionPlan:
     analysis_w: torch.Tensor
     synthesis_h: torch.Tensor
     synthesis_w: torch.Tensor
+    conv_stride: tuple[int, int]
+    dense: torch.Tensor | None = None
 
     @property
     def coefficients(self) -> tuple[int, int]:
@@ -84,7 +95,15 @@ def _cpu_plan(geometry: ConvGeometry, band: SpectralBand) -> ProjectionPlan:
     (pad_h, pad_w), mode = geometry.pads, geometry.padding_mode
     a_h = _fold_padding(b_h, geometry.in_size[0], pad_h, mode).T
     a_w = _fold_padding(b_w, geometry.in_size[1], pad_w, mode).T
-    return ProjectionPlan(geometry, band, a_h, a_w, b_h, b_w)
+    synthesis, conv_stride = [], []
+    for basis, extent, stride, out in zip((b_h, b_w), geometry.dilated_kernel, geometry.stride, geometry.out_size):
+        one_tap = extent == 1
+        synthesis.append(basis[: out * stride : stride] if one_tap else basis)
+        conv_stride.append(1 if one_tap else stride)
+    dense = None
+    if geometry.in_size[0] * geometry.in_size[1] <= _DENSE_PIXELS:
+        dense = torch.kron(synthesis[0] @ a_h, synthesis[1] @ a_w)
+    return ProjectionPlan(geometry, band, a_h, a_w, *synthesis, tuple(conv_stride), dense)  # type: ignore[arg-type]
 
 
 @functools.lru_cache(maxsize=512)
@@ -99,6 +118,8 @@ def _device_plan(
             t.to(device=device, dtype=dtype).contiguous()
             for t in (plan.analysis_h, plan.analysis_w, plan.synthesis_h, plan.synthesis_w)
         ),
+        plan.conv_stride,
+        None if plan.dense is None else plan.dense.to(device=device, dtype=dtype).contiguous(),
     )
 
 
@@ -124,6 +145,28 @@ def projection_plan(
         ((7, 7), (10, 7))
     """
     return _device_plan(geometry, spectral_band(geometry.grid, compression), dtype, device)
+
+
+def band_input(kept: torch.Tensor, plan: ProjectionPlan) -> torch.Tensor:
+    """The band-limited padded input from what :func:`reduce_input` returned."""
+    if plan.dense is None:
+        return expand(kept, plan)
+    n, c = kept.shape[:2]
+    out = kept.reshape(n * c, -1) @ plan.dense.T
+    return out.view(n, c, plan.synthesis_h.shape[0], plan.synthesis_w.shape[0])
+
+
+def reduce_input(x: torch.Tensor, plan: ProjectionPlan) -> torch.Tensor:
+    """What the input is reduced to before :func:`band_input`: its coefficients, or (dense) itself."""
+    return x if plan.dense is not None else project(x, plan)
+
+
+def band_input_adjoint(grad: torch.Tensor, plan: ProjectionPlan, in_shape: torch.Size) -> torch.Tensor:
+    """Transpose of ``band_input(reduce_input(x))``: the input gradient from the padded input's."""
+    if plan.dense is None:
+        return project_adjoint(expand_adjoint(grad, plan), plan)
+    n, c = grad.shape[:2]
+    return (grad.reshape(n * c, -1) @ plan.dense).view(in_shape)
 
 
 def project(x: torch.Tensor, plan: ProjectionPlan) -> torch.Tensor:

@@ -24,11 +24,16 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
+import torch.nn.functional as F
+
+from lightning_bandlimit.functional.algorithm import check_algorithm, choose_algorithm
 from lightning_bandlimit.functional.band import check_compression
+from lightning_bandlimit.functional.band_projection import projection_plan
 from lightning_bandlimit.functional.dft_plan import DFTPlan, dft_plan
 from lightning_bandlimit.functional.geometry import ConvGeometry, IntOrTuple, resolve_geometry
 from lightning_bandlimit.functional.lean_ops import conv_dtype, lean_conv, lean_wanted
 from lightning_bandlimit.functional.sources import Saved, Source, lookup, publish, rebuild
+from lightning_bandlimit.functional.spatial_conv import spatial_conv
 
 __all__ = ["fft_conv1d", "fft_conv2d"]
 
@@ -381,8 +386,10 @@ def _fft_conv(
     compression: float,
     spatial_dims: int,
     memory_lean: bool = False,
+    algorithm: str = "auto",
 ) -> torch.Tensor:
     compression = check_compression(compression)
+    algorithm = check_algorithm(algorithm)
     if not isinstance(input, torch.Tensor):
         raise ValueError(f"conv{spatial_dims}d: input must be a tensor, got {type(input).__name__}")
     unbatched = input.dim() == spatial_dims + 1
@@ -393,16 +400,48 @@ def _fft_conv(
     compute_dtype, out_dtype = _dtypes(batched)
     plan = dft_plan(geometry, compression, compute_dtype, batched.device)
     lean = memory_lean and not unbatched and lean_wanted(batched, weight, bias)
-    if lean and plan.band.is_full and padding_mode == "zeros" and _symmetric(geometry):
+    if algorithm == "auto" and plan.band.is_full and padding_mode == "zeros" and _symmetric(geometry):
         # The full band is the convolution itself: the native kernel is exact and cheapest.
         pads = tuple(p for p, _ in geometry.pads[2 - spatial_dims :])
         strides, dilations = geometry.stride[2 - spatial_dims :], geometry.dilation[2 - spatial_dims :]
-        return lean_conv(batched, weight, bias, strides, pads, dilations, groups)
+        if lean:
+            return lean_conv(batched, weight, bias, strides, pads, dilations, groups)
+        conv = F.conv1d if spatial_dims == 1 else F.conv2d
+        return conv(input, weight, bias, strides, pads, dilations, groups)
     found = lookup(batched) if lean else None
     source, tensors = found if found is not None else (None, ())
     out_numel = batched.shape[0] * weight.shape[0] * geometry.out_size[0] * geometry.out_size[1]
     spectrum_numel = 2 * plan.band.kept * batched.shape[0] * weight.shape[0]
     publish_spectrum = lean and spectrum_numel * _itemsize(compute_dtype) < out_numel * _itemsize(out_dtype)
+    if algorithm == "auto" and publish_spectrum:
+        # Only the spectral algorithm can hand its output to the next BatchNorm as a spectrum
+        # smaller than the output: memory-lean training keeps it there.
+        algorithm = "spectral"
+    if algorithm == "auto":
+        grad = torch.is_grad_enabled()
+        algorithm = choose_algorithm(
+            geometry,
+            plan.band,
+            batched.shape[0],
+            batched.shape[1],
+            weight.shape[0],
+            grad and batched.requires_grad,
+            grad and weight.requires_grad,
+        )
+    if algorithm == "spatial":
+        projection = projection_plan(geometry, compression, compute_dtype, batched.device)
+        out = spatial_conv(
+            _as_2d(batched, spatial_dims),
+            _as_2d(weight, spatial_dims),
+            bias,
+            projection,
+            out_dtype,
+            lean,
+            source,
+            tensors,
+        )
+        out = out.squeeze(-2) if spatial_dims == 1 else out
+        return out.squeeze(0) if unbatched else out
     with torch.autocast(batched.device.type, enabled=False):
         out, y_spec = _FFTConv.apply(
             batched,
@@ -442,6 +481,7 @@ def fft_conv2d(
     padding_mode: str = "zeros",
     compression: float = 0.0,
     memory_lean: bool = False,
+    algorithm: str = "auto",
 ) -> torch.Tensor:
     """2-D convolution (cross-correlation) computed in the frequency domain, optionally band-limited.
 
@@ -473,12 +513,18 @@ def fft_conv2d(
             (:mod:`~lightning_bandlimit.functional.lean_ops`), and at a full band (e.g.
             ``compression=0``) run the native convolution, which is exact. The result and the
             gradients are the same either way (to round-off).
+        algorithm: ``"auto"`` (default): a full band runs the native convolution, any other
+            band the cheaper of ``"spectral"`` (this module's frequency-domain algorithm) and
+            ``"spatial"`` (the input projected onto the band, then the native convolution),
+            chosen per layer shape by a fixed cost model
+            (:mod:`~lightning_bandlimit.functional.algorithm`). Naming one forces it, at every
+            band. All three give the same result and gradients (to round-off).
 
     Returns:
         ``(N, C_out, H_out, W_out)`` (or unbatched), as ``F.conv2d``.
 
     Raises:
-        ValueError: on a compression outside ``[0, 1)``, tensors of the wrong rank, a channel or
+        ValueError: on a compression outside ``[0, 1)``, an unknown ``algorithm``, tensors of the wrong rank, a channel or
             group mismatch, or any argument ``F.conv2d`` would reject; the message names the
             expected and the given value.
 
@@ -492,7 +538,7 @@ def fft_conv2d(
         torch.Size([2, 4, 16, 16])
     """
     return _fft_conv(
-        input, weight, bias, stride, padding, dilation, groups, padding_mode, compression, 2, memory_lean
+        input, weight, bias, stride, padding, dilation, groups, padding_mode, compression, 2, memory_lean, algorithm
     )
 
 
@@ -508,6 +554,7 @@ def fft_conv1d(
     padding_mode: str = "zeros",
     compression: float = 0.0,
     memory_lean: bool = False,
+    algorithm: str = "auto",
 ) -> torch.Tensor:
     """1-D convolution (cross-correlation) computed in the frequency domain, optionally band-limited.
 
@@ -526,6 +573,7 @@ def fft_conv1d(
         padding_mode: ``"zeros"``, ``"reflect"``, ``"replicate"`` or ``"circular"``.
         compression: fraction of spectral coefficients to discard, in ``[0, 1)``.
         memory_lean: as :func:`fft_conv2d`.
+        algorithm: as :func:`fft_conv2d`.
 
     Returns:
         ``(N, C_out, L_out)`` (or unbatched), as ``F.conv1d``.
@@ -541,5 +589,5 @@ def fft_conv1d(
         True
     """
     return _fft_conv(
-        input, weight, bias, stride, padding, dilation, groups, padding_mode, compression, 1, memory_lean
+        input, weight, bias, stride, padding, dilation, groups, padding_mode, compression, 1, memory_lean, algorithm
     )

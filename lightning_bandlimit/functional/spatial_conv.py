@@ -15,13 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from lightning_bandlimit.functional.band_projection import (
-    ProjectionPlan,
-    expand,
-    expand_adjoint,
-    project,
-    project_adjoint,
-)
+from lightning_bandlimit.functional.band_projection import ProjectionPlan, band_input, band_input_adjoint, reduce_input
 from lightning_bandlimit.functional.sources import Saved, Source, rebuild
 
 __all__ = ["spatial_conv"]
@@ -44,14 +38,14 @@ class _SpatialConv(torch.autograd.Function):
         *source_tensors: torch.Tensor,
     ) -> torch.Tensor:
         compute = plan.analysis_h.dtype
-        z = project(input.to(compute), plan)
-        x_band = expand(z, plan).to(conv_dtype)
+        z = reduce_input(input.to(compute), plan)
+        x_band = band_input(z, plan).to(conv_dtype)
         g = plan.geometry
         out = F.conv2d(
             x_band,
             weight.to(conv_dtype),
             None if bias is None else bias.to(conv_dtype),
-            g.stride,
+            plan.conv_stride,
             0,
             g.dilation,
             g.groups,
@@ -78,10 +72,13 @@ class _SpatialConv(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         compute, dtype = plan.analysis_h.dtype, ctx.conv_dtype
         n, c = ctx.input_shape[:2]
-        grid = plan.geometry.grid
+        grid = (plan.synthesis_h.shape[0], plan.synthesis_w.shape[0])
         if need_w:
-            z = kept[0] if ctx.source is None else project(rebuild(ctx.source, kept).to(compute), plan)
-            x_band = expand(z, plan).to(dtype)
+            if ctx.source is None:
+                z = kept[0]
+            else:  # a recipe published for the caller's (N, C, L) tensor rebuilds in that shape
+                z = reduce_input(rebuild(ctx.source, kept).reshape(ctx.input_shape).to(compute), plan)
+            x_band = band_input(z, plan).to(dtype)
         else:  # convolution_backward reads only the shape of the input for the input gradient
             x_band = grad.new_empty(n, c, *grid, dtype=dtype)
         g = plan.geometry
@@ -90,7 +87,7 @@ class _SpatialConv(torch.autograd.Function):
             x_band,
             weight.to(dtype),
             [weight.shape[0]] if ctx.has_bias else None,
-            list(g.stride),
+            list(plan.conv_stride),
             [0, 0],
             list(g.dilation),
             False,
@@ -100,7 +97,7 @@ class _SpatialConv(torch.autograd.Function):
         )
         grad_x = None
         if need_x:
-            grad_x = project_adjoint(expand_adjoint(grad_band.to(compute), plan), plan).to(ctx.input_dtype)
+            grad_x = band_input_adjoint(grad_band.to(compute), plan, ctx.input_shape).to(ctx.input_dtype)
         return (
             grad_x,
             None if grad_w is None else grad_w.to(weight.dtype),

@@ -1,0 +1,112 @@
+"""The three algorithms of a band-limited convolution agree, and ``"auto"`` picks as documented."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightning_bandlimit.functional import fft_conv1d, fft_conv2d, spectral_band
+from lightning_bandlimit.functional.algorithm import choose_algorithm
+from lightning_bandlimit.functional.geometry import resolve_geometry
+from lightning_bandlimit.layers import BandLimitedConv2d
+from lightning_bandlimit.saved_tensors import SavedTensorMeter
+
+CASES_2D = [
+    # (H, W, kernel, stride, padding, dilation, groups, padding_mode, compression)
+    (8, 8, 3, 1, 1, 1, 1, "zeros", 0.5),
+    (9, 7, 3, 2, 1, 1, 1, "zeros", 0.75),
+    (10, 10, 5, 2, 2, 1, 2, "reflect", 0.3),
+    (12, 6, 3, 1, 1, 2, 1, "circular", 0.6),
+    (6, 6, 1, 2, 0, 1, 1, "zeros", 0.5),  # strided 1x1: only the read positions are synthesised
+    (11, 11, 3, 1, 1, 1, 4, "replicate", 0.9),
+    (16, 16, 7, 2, 3, 1, 1, "zeros", 0.5),  # a stem; separable (not dense) projection
+    (4, 4, 3, 1, 1, 1, 1, "zeros", 0.5),  # a small map: dense projection
+]
+
+
+@pytest.mark.parametrize("case", CASES_2D)
+@pytest.mark.parametrize("memory_lean", [False, True])
+def test_spatial_equals_spectral_2d(case, memory_lean):
+    h, w, k, s, p, d, g, mode, c = case
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4, h, w, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(8, 4 // g, k, k, dtype=torch.float64, generator=gen, requires_grad=True)
+    bias = torch.randn(8, dtype=torch.float64, generator=gen, requires_grad=True)
+    outs = {}
+    for algorithm in ("spectral", "spatial", "auto"):
+        y = fft_conv2d(
+            x * 1.0, weight, bias, s, p, d, g,
+            padding_mode=mode, compression=c, memory_lean=memory_lean, algorithm=algorithm,
+        )
+        grads = torch.autograd.grad(y, (x, weight, bias), torch.ones_like(y) + y.detach())
+        outs[algorithm] = (y, *grads)
+    for algorithm in ("spatial", "auto"):
+        for a, b in zip(outs[algorithm], outs["spectral"]):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("memory_lean", [False, True])
+def test_spatial_equals_spectral_1d(memory_lean):
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 40, dtype=torch.float64, generator=gen, requires_grad=True)
+    weight = torch.randn(5, 3, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    results = []
+    for algorithm in ("spectral", "spatial"):
+        # relu(...) publishes a recipe of its input under memory_lean: the spatial path rebuilds
+        # it in the caller's (N, C, L) shape.
+        y = fft_conv1d((x * 1.0).relu(), weight, None, 2, 2, compression=0.6, memory_lean=memory_lean, algorithm=algorithm)
+        results.append((y, *torch.autograd.grad(y.square().sum(), (x, weight))))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_unbatched_and_eval_paths_agree():
+    x = torch.randn(4, 12, 12, dtype=torch.float64)
+    weight = torch.randn(6, 4, 3, 3, dtype=torch.float64)
+    with torch.no_grad():
+        a = fft_conv2d(x, weight, padding=1, compression=0.5, algorithm="spatial")
+        b = fft_conv2d(x, weight, padding=1, compression=0.5, algorithm="spectral")
+    assert a.shape == (6, 12, 12)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_full_band_runs_the_native_convolution_and_keeps_only_the_input():
+    x = torch.randn(2, 4, 10, 10, requires_grad=True)
+    weight = torch.nn.Parameter(torch.randn(6, 4, 3, 3))
+    with SavedTensorMeter(exclude=[weight]) as meter:
+        y = fft_conv2d(x, weight, padding=1, compression=0.0)
+    assert meter.bytes == x.nbytes  # F.conv2d keeps its input; the spectral path keeps a spectrum
+    torch.testing.assert_close(y, F.conv2d(x, weight, padding=1))
+
+
+def test_unknown_algorithm_is_rejected_with_the_choices():
+    with pytest.raises(ValueError, match=r"algorithm must be one of \('auto', 'spectral', 'spatial'\), got 'fft'"):
+        fft_conv2d(torch.zeros(1, 1, 4, 4), torch.zeros(1, 1, 3, 3), compression=0.5, algorithm="fft")
+    layer = BandLimitedConv2d(1, 1, 3, compression=0.5)
+    layer.algorithm = "fast"
+    with pytest.raises(ValueError, match="got 'fast'"):
+        layer(torch.zeros(1, 1, 4, 4))
+
+
+def _geometry(size, c_in, c_out, kernel, stride):
+    x, w = torch.zeros(1, c_in, size, size), torch.zeros(c_out, c_in, kernel, kernel)
+    return resolve_geometry(x, w, None, stride, kernel // 2, 1, 1, "zeros", 2)
+
+
+def test_auto_choice_follows_the_cost_model():
+    # Wide stride-1 layers mix fewer coefficients than the kernel has taps times pixels:
+    # spectral. A strided 1x1 shortcut reads a quarter of the pixels: spatial, at any band.
+    wide = _geometry(32, 64, 64, 3, 1)
+    assert choose_algorithm(wide, spectral_band(wide.grid, 0.5), 32, 64, 64, True) == "spectral"
+    shortcut = _geometry(32, 64, 128, 1, 2)
+    for c in (0.5, 0.75):
+        assert choose_algorithm(shortcut, spectral_band(shortcut.grid, c), 32, 64, 128, True) == "spatial"
+
+
+def test_layer_repr_names_a_forced_algorithm():
+    layer = BandLimitedConv2d(2, 2, 3, compression=0.5)
+    assert "algorithm" not in repr(layer)
+    layer.algorithm = "spectral"
+    assert "algorithm='spectral'" in repr(layer)
+    assert layer.to_conv().__dict__.get("algorithm") is None  # the plain twin carries nothing of ours
