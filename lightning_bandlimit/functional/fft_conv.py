@@ -32,7 +32,7 @@ from lightning_bandlimit.functional.band_projection import projection_plan
 from lightning_bandlimit.functional.dft_plan import DFTPlan, dft_plan
 from lightning_bandlimit.functional.geometry import ConvGeometry, IntOrTuple, resolve_geometry
 from lightning_bandlimit.functional.lean_ops import conv_dtype, lean_conv, lean_wanted
-from lightning_bandlimit.functional.sources import Saved, Source, lookup, publish, rebuild
+from lightning_bandlimit.functional.sources import Saved, Source, lookup, publish, rebuild, reuse
 from lightning_bandlimit.functional.spatial_conv import spatial_conv
 
 __all__ = ["fft_conv1d", "fft_conv2d"]
@@ -211,7 +211,7 @@ class Spectrum(Source):
     def rebuild(self, tensors: Iterator[torch.Tensor]) -> torch.Tensor:
         y_spec = next(tensors)
         bias = next(tensors) if self.has_bias else None
-        return _output(y_spec, self.plan, bias, self.spatial_dims, self.dtype)
+        return reuse(y_spec, lambda: _output(y_spec, self.plan, bias, self.spatial_dims, self.dtype))
 
 
 # What a band-limited convolution keeps of its input for the weight gradient.

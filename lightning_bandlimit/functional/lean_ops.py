@@ -193,6 +193,12 @@ class _BatchNorm(torch.autograd.Function):
         shape = (1, -1) + (1,) * (grad.dim() - 2)
         dims = [0, *range(2, grad.dim())]
         y = rebuild(ctx.source, kept)
+        if not ctx.source.fresh:
+            # The input is kept as itself: nothing to overwrite, ATen's fused kernel is fastest.
+            grad_input, grad_w, grad_b = torch.ops.aten.native_batch_norm_backward(
+                grad, y, weight, None, None, mean, invstd, True, ctx.eps, [need_x, need_w, need_b]
+            )
+            return (grad_input, grad_w, grad_b, *(None for _ in range(5 + len(kept))))
         # x_hat overwrites the recomputed input when that is a new tensor: one activation-sized
         # buffer fewer than autograd's own BatchNorm backward at the layer being differentiated.
         fresh = ctx.source.fresh and y.dtype == compute
