@@ -7,7 +7,9 @@ input as the spectrum a band-limited convolution handed over, a convolution afte
 ``BatchNorm -> ReLU`` keeps nothing new, a max-pool keeps one byte per output. The results and
 gradients equal those of the plain modules (to round-off). Outside training with gradients
 (``eval()`` (e.g. attacks that need input gradients), ``torch.no_grad()``, inference) they run
-the plain module's forward.
+the plain module's forward. They also run it on activations that carry no recipe, i.e. that do
+not descend from a band-limited convolution at a compression above 0 (every activation at
+``compression=0``; see ``_band_limited``): there the plain module keeps no more and runs faster.
 
 :func:`~lightning_bandlimit.surgery.bandlimit` swaps them in (``memory_lean=True``, the default)
 and :func:`~lightning_bandlimit.surgery.unbandlimit` swaps them back.
@@ -15,11 +17,14 @@ and :func:`~lightning_bandlimit.surgery.unbandlimit` swaps them back.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import nn
 
+from lightning_bandlimit.functional import lean_ops
+from lightning_bandlimit.functional.fft_conv import _FFTConv
 from lightning_bandlimit.functional.lean_ops import (
     lean_batch_norm,
     lean_conv,
@@ -27,6 +32,30 @@ from lightning_bandlimit.functional.lean_ops import (
     lean_relu,
     lean_wanted,
 )
+from lightning_bandlimit.functional.sources import lookup
+from lightning_bandlimit.functional.spatial_conv import _SpatialConv
+
+
+def _band_limited(input: torch.Tensor) -> bool:
+    """Whether ``input`` descends from a band-limited convolution at a compression above 0.
+
+    True when an op published a recipe for it, or when it is the output of a memory-lean op or
+    was computed directly from one (a residual sum after a lean BatchNorm); at
+    ``compression=0`` none of these happens and the lean modules run the plain ones.
+    """
+    if lookup(input) is not None:
+        return True
+    node, lean = input.grad_fn, _lean_nodes()
+    return node is not None and (
+        type(node) in lean or any(type(fn) in lean for fn, _ in node.next_functions if fn is not None)
+    )
+
+
+@functools.cache
+def _lean_nodes() -> frozenset[type]:
+    """Autograd node types of the ops that run only at a compression above 0."""
+    functions = (_FFTConv, _SpatialConv, lean_ops._BatchNorm, lean_ops._Relu, lean_ops._MaxPool2d)
+    return frozenset(f._backward_cls for f in functions)
 
 __all__ = [
     "LEAN_TWINS",
@@ -60,7 +89,7 @@ class LeanReLU(LeanModule, nn.ReLU):
     _plain = nn.ReLU
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not (self.training and lean_wanted(input)):
+        if not (self.training and lean_wanted(input) and _band_limited(input)):
             return super().forward(input)
         return lean_relu(input, self.inplace)
 
@@ -68,7 +97,7 @@ class LeanReLU(LeanModule, nn.ReLU):
 class _LeanBatchNorm(LeanModule):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         bn: Any = self
-        if not (bn.training and lean_wanted(input, bn.weight, bn.bias)):
+        if not (bn.training and lean_wanted(input, bn.weight, bn.bias) and _band_limited(input)):
             return super().forward(input)  # type: ignore[misc]
         bn._check_input_dim(input)
         # The bookkeeping of torch.nn.modules.batchnorm._BatchNorm.forward in training mode.
@@ -123,7 +152,7 @@ class LeanMaxPool2d(LeanModule, nn.MaxPool2d):
     _plain = nn.MaxPool2d
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self.return_indices or not (self.training and lean_wanted(input)):
+        if self.return_indices or not (self.training and lean_wanted(input) and _band_limited(input)):
             return super().forward(input)
         return lean_max_pool2d(
             input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode
@@ -148,7 +177,7 @@ class _LeanConv(LeanModule):
     ) -> torch.Tensor:
         conv: Any = self
         padding = _zero_padding(conv)
-        lean = conv.training and lean_wanted(input, weight, bias)
+        lean = conv.training and lean_wanted(input, weight, bias) and _band_limited(input)
         if padding is None or input.dim() != weight.dim() or not lean:
             return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
         return lean_conv(input, weight, bias, conv.stride, padding, conv.dilation, conv.groups)

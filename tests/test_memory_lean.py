@@ -326,7 +326,9 @@ def test_relu_keeps_a_bit_mask_and_passes_nan_gradients_like_plain() -> None:
     relu = bandlimit(nn.Sequential(nn.ReLU()), 0.0)[0]
     assert isinstance(relu, LeanReLU)
     with SavedTensorMeter() as meter:
-        out = relu(x * 1.0)
+        activation = x * 1.0
+        sources.publish(activation, sources.Saved(), ())  # as a band-limited convolution marks its output
+        out = relu(activation)
     assert meter.bytes == x.numel() // 8
     (g,) = torch.autograd.grad(out, x, torch.ones_like(out))
     (g_plain,) = torch.autograd.grad(F.relu(x * 1.0), x, torch.ones_like(out))
@@ -362,3 +364,17 @@ def test_relu_gradient_matches_plain_for_any_shape(shape: tuple[int, ...]) -> No
     (g_lean,) = torch.autograd.grad(lean_relu(x * 1.0), x, grad)
     (g_plain,) = torch.autograd.grad(F.relu(x * 1.0), x, grad)
     assert torch.equal(g_lean, g_plain)
+
+
+def test_lean_modules_are_the_plain_ones_at_compression_zero() -> None:
+    # Nothing descends from a band-limited convolution above c = 0: the lean twins keep what the
+    # plain modules keep (no mask beside a kept output, no subsampled copy) and run their kernels.
+    torch.manual_seed(0)
+    plain = cifar_resnet18(10, width=8)
+    lean = bandlimit(copy.deepcopy(plain), 0.0)
+    x = torch.rand(4, 3, 32, 32)
+    assert _saved_bytes(lean, x) == _saved_bytes(plain, x)
+    relu = LeanReLU()
+    with SavedTensorMeter() as meter:
+        relu(torch.randn(2, 16, requires_grad=True) * 1.0)
+    assert meter.bytes == 2 * 16 * 4  # its output, as nn.ReLU keeps

@@ -441,6 +441,8 @@ def _fft_conv(
             tensors,
         )
         out = out.squeeze(-2) if spatial_dims == 1 else out
+        if lean:
+            publish(out, Saved(), ())  # a band-limited activation: the lean modules after it act
         return out.squeeze(0) if unbatched else out
     with torch.autocast(batched.device.type, enabled=False):
         out, y_spec = _FFTConv.apply(
@@ -458,6 +460,8 @@ def _fft_conv(
     if publish_spectrum:
         spectrum = Spectrum(plan, bias is not None, spatial_dims, out_dtype)
         publish(out, spectrum, (y_spec,) if bias is None else (y_spec, bias))
+    elif lean:
+        publish(out, Saved(), ())  # a band-limited activation: the lean modules after it act
     return out.squeeze(0) if unbatched else out
 
 

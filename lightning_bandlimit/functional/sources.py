@@ -149,6 +149,9 @@ def _hooks() -> object:
 def publish(tensor: torch.Tensor, source: Source, tensors: Sequence[torch.Tensor]) -> None:
     """Offer ``source`` (reading ``tensors``) as a recipe for ``tensor`` to the op that consumes it.
 
+    ``publish(t, Saved(), ())`` marks ``t`` as an activation with no smaller form, to be kept as
+    itself (the registry does not hold ``t``; :func:`lookup` returns it as the tensor to keep).
+
     Example:
         >>> y = torch.randn(4, 2, requires_grad=True) * 1.0
         >>> publish(y, Saved(), (y,))
@@ -186,6 +189,8 @@ def lookup(tensor: torch.Tensor) -> tuple[Source, tuple[torch.Tensor, ...]] | No
         or entry.hooks is not _hooks()
     ):
         return None
+    if not entry.tensors and isinstance(entry.source, Saved):
+        return entry.source, (tensor,)
     return entry.source, entry.tensors
 
 
