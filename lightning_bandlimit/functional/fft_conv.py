@@ -404,7 +404,7 @@ def _fft_conv(
         # The full band is the convolution itself: the native kernel is exact and cheapest.
         pads = tuple(p for p, _ in geometry.pads[2 - spatial_dims :])
         strides, dilations = geometry.stride[2 - spatial_dims :], geometry.dilation[2 - spatial_dims :]
-        if lean:
+        if lean and lookup(batched) is not None:  # else it would keep the input, as F.conv2d does
             return lean_conv(batched, weight, bias, strides, pads, dilations, groups)
         conv = F.conv1d if spatial_dims == 1 else F.conv2d
         return conv(input, weight, bias, strides, pads, dilations, groups)
