@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import statistics
 import sys
@@ -137,6 +138,8 @@ def _bare(cfg: dict[str, Any], settings: list[float | None], args: argparse.Name
 def _trainer(cfg: dict[str, Any], settings: list[float | None], args: argparse.Namespace) -> dict[Any, dict[str, Any]]:
     import lightning.pytorch as pl
     from torch.utils.data import TensorDataset
+
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # one fit per setting and pass
 
     from lightning_bandlimit.callbacks import BandLimit
     from lightning_bandlimit.models import ImageClassifier
