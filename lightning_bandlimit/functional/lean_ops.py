@@ -100,7 +100,9 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
 def unpack_mask(packed: torch.Tensor, shape: Sequence[int], dtype: torch.dtype = torch.bool) -> torch.Tensor:
     """The inverse of :func:`pack_mask`: a tensor of ``shape`` (``dtype``: bool, or 0/1 values)."""
     numel = math.prod(shape)
-    return _unpack_table(packed.device, dtype)[packed.long()].view(-1)[:numel].view(tuple(shape))
+    # index_select gathers whole table rows: several times faster than advanced indexing
+    rows = _unpack_table(packed.device, dtype).index_select(0, packed.int())
+    return rows.view(-1)[:numel].view(tuple(shape))
 
 
 # --------------------------------------------------------------------------------------- ReLU
