@@ -22,9 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.function import once_differentiable
-
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from lightning_bandlimit.functional.algorithm import check_algorithm, choose_algorithm
 from lightning_bandlimit.functional.band import check_compression
@@ -528,9 +527,9 @@ def fft_conv2d(
         ``(N, C_out, H_out, W_out)`` (or unbatched), as ``F.conv2d``.
 
     Raises:
-        ValueError: on a compression outside ``[0, 1)``, an unknown ``algorithm``, tensors of the wrong rank, a channel or
-            group mismatch, or any argument ``F.conv2d`` would reject; the message names the
-            expected and the given value.
+        ValueError: on a compression outside ``[0, 1)``, an unknown ``algorithm``, tensors of
+            the wrong rank, a channel or group mismatch, or any argument ``F.conv2d`` would
+            reject; the message names the expected and the given value.
 
     Example:
         >>> import torch.nn.functional as F

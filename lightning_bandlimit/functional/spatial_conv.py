@@ -15,7 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from lightning_bandlimit.functional.band_projection import ProjectionPlan, band_input, band_input_adjoint, reduce_input
+from lightning_bandlimit.functional.band_projection import (
+    ProjectionPlan,
+    band_input,
+    band_input_adjoint,
+    reduce_input,
+)
 from lightning_bandlimit.functional.sources import Saved, Source, rebuild
 
 __all__ = ["spatial_conv"]
