@@ -38,6 +38,7 @@ _CONV_FLOPS = 120e9
 _FULL_WIDTH = 8  # input channels per group from which the native kernel reaches its rate
 _GEMM_FLOPS = 80e9
 _BYTES = 6e9  # filter spectrum traffic
+_FULL_BATCH = 16  # batch from which the per-frequency channel mixing (batch rows) reaches its rate
 _PADDED_INPUT = 1.15  # the native kernel on a pre-padded input, measured against the same with padding
 
 
@@ -81,9 +82,10 @@ def _spectral(g: ConvGeometry, band: SpectralBand, n: int, c: int, o: int, need_
     synthesis = 2.0 * n * o * (2 * r * 2 * p * k + p * 2 * k * q)
     mix = 8.0 * f * n * (c // g.groups) * o
     filter_bytes = 4.0 * 2 * f * o * (c // g.groups)
-    flops = analysis + 2 * synthesis + mix + need_x * (mix + analysis) + need_w * mix
+    transforms = analysis + 2 * synthesis + need_x * analysis
+    mixing = mix * (1 + need_x + need_w) / min(1.0, n / _FULL_BATCH)
     passes = 1 + need_x + need_w
-    return flops / _GEMM_FLOPS + passes * filter_bytes / _BYTES
+    return (transforms + mixing) / _GEMM_FLOPS + passes * filter_bytes / _BYTES
 
 
 @functools.lru_cache(maxsize=4096)
