@@ -10,9 +10,11 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from lightning_bandlimit.batchnorm import Forward
 from lightning_bandlimit.callbacks.band_limit import BandLimit
 from lightning_bandlimit.memory.controller import OOM, CompressionController, Decision
 from lightning_bandlimit.memory.probes import MemoryProbe, ProbeUnavailable, auto_probe
+from lightning_bandlimit.memory.process import release_cached_memory
 from lightning_bandlimit.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.surgery import Patterns
 
@@ -69,6 +71,10 @@ class AdaptiveBandLimit(BandLimit):
         pointwise: also band-limit 1x1 convolutions.
         memory_lean: memory-lean training (see :class:`BandLimit`); on by default, since it is
             what makes a higher compression free memory.
+        recalibrate_bn: BatchNorm follows the compression: after every change and before every
+            validation its running statistics are re-estimated over this many recent training
+            batches (see :class:`BandLimit`); ``0`` turns it off.
+        bn_forward: how to run the model on a batch for that re-estimate (see :class:`BandLimit`).
         **controller_kwargs: further :class:`CompressionController` arguments (``raise_step``,
             ``lower_step``, ``release_checks``, ``cooldown_checks``, ``margin``).
 
@@ -97,6 +103,8 @@ class AdaptiveBandLimit(BandLimit):
         exclude: Patterns = None,
         pointwise: bool = False,
         memory_lean: bool = True,
+        recalibrate_bn: int = 8,
+        bn_forward: Forward | None = None,
         **controller_kwargs: Any,
     ) -> None:
         self.controller = CompressionController(
@@ -105,7 +113,7 @@ class AdaptiveBandLimit(BandLimit):
         )
         super().__init__(
             compression=self.controller.clamp(compression), include=include, exclude=exclude, pointwise=pointwise,
-            memory_lean=memory_lean,
+            memory_lean=memory_lean, recalibrate_bn=recalibrate_bn, bn_forward=bn_forward,
         )
         if check_every_n_steps < 1:
             raise ValueError(f"check_every_n_steps must be at least 1, got {check_every_n_steps}")
@@ -139,6 +147,7 @@ class AdaptiveBandLimit(BandLimit):
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)  # BatchNorm after a change
         # global_step counts optimizer steps: this batch ends at global_step + 1.
         if self.probe is None or not self._is_check_step(trainer.global_step + 1):
             return
@@ -189,6 +198,8 @@ class AdaptiveBandLimit(BandLimit):
         if decision.compression != previous:
             self.compression = decision.compression
             self.controller.notify_change()
+            if decision.compression > previous:
+                release_cached_memory(self._device)  # so the device (and NVML) sees the memory freed
             rank_zero_info(
                 f"AdaptiveBandLimit: step {trainer.global_step}: compression {previous:.3f} -> "
                 f"{decision.compression:.3f} ({decision.reason}: {decision.free / 2**20:.0f} MiB free, "
@@ -218,8 +229,7 @@ class AdaptiveBandLimit(BandLimit):
                 failed = True  # recover outside the except: its traceback pins tensors
             if failed:
                 gc.collect()
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
+                release_cached_memory(self._device)
                 previous = self.compression
                 self.compression = self.controller.on_oom(previous)
                 rank_zero_warn(

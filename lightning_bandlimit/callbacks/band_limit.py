@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from typing_extensions import override
 
+from lightning_bandlimit.batchnorm import Forward, RecentBatches, batchnorm_modules, recalibrate_batchnorm
 from lightning_bandlimit.functional import check_compression
 from lightning_bandlimit.layers import BandLimitedConvNd
 from lightning_bandlimit.surgery import Patterns, bandlimit, bandlimited_layers, normalize_patterns, unbandlimit
@@ -44,10 +47,23 @@ class BandLimit(Callback):
             backward than with plain ``nn.Conv2d``, with the same gradients (to round-off).
             ``False`` swaps the convolutions only (e.g. for double backward, which the lean ops
             do not support).
+        recalibrate_bn: BatchNorm follows the compression: after every compression change
+            (before the next training step) and before every validation, the running statistics
+            of the model's BatchNorm layers are re-estimated over the last ``recalibrate_bn``
+            training batches (:func:`~lightning_bandlimit.batchnorm.recalibrate_batchnorm`:
+            forward passes in train mode without gradients, the random state untouched; under
+            DDP the ranks' estimates are averaged). The running averages otherwise describe the
+            old compression, and at a fixed compression they lag behind the weights. The time
+            spent is logged as ``BandLimit/bn_recalibration_seconds`` (cumulative). ``0`` turns
+            it off.
+        bn_forward: how to run the model on a training batch for the re-estimate,
+            ``bn_forward(pl_module, batch)``; default: ``pl_module(batch[0])`` for a list or
+            tuple, ``pl_module(batch)`` for a tensor.
 
     Raises:
-        ValueError: if ``compression`` is outside ``[0, 1)``.
-        TypeError: if a pattern argument is not a string or a sequence of strings.
+        ValueError: if ``compression`` is outside ``[0, 1)`` or ``recalibrate_bn`` is negative.
+        TypeError: if a pattern argument is not a string or a sequence of strings, or
+            ``bn_forward`` is not callable.
 
     Example:
         >>> from lightning_bandlimit.models import ImageClassifier
@@ -71,6 +87,8 @@ class BandLimit(Callback):
         pointwise: bool = False,
         restore_on_teardown: bool = False,
         memory_lean: bool = True,
+        recalibrate_bn: int = 8,
+        bn_forward: Forward | None = None,
     ) -> None:
         super().__init__()
         self._compression = check_compression(compression)
@@ -83,6 +101,16 @@ class BandLimit(Callback):
         self.pointwise = pointwise
         self.memory_lean = memory_lean
         self.restore_on_teardown = restore_on_teardown
+        if not isinstance(recalibrate_bn, int) or isinstance(recalibrate_bn, bool) or recalibrate_bn < 0:
+            raise ValueError(f"recalibrate_bn must be an int >= 0 (a number of batches; 0: off), got {recalibrate_bn!r}")
+        if bn_forward is not None and not callable(bn_forward):
+            raise TypeError(f"bn_forward must be callable as bn_forward(pl_module, batch), got {bn_forward!r}")
+        self.recalibrate_bn = recalibrate_bn
+        self.bn_forward = bn_forward
+        self.bn_recalibration_seconds = 0.0
+        self.bn_recalibrations = 0
+        self._recent: RecentBatches | None = None
+        self._bn_stale = False
         self._layers: list[BandLimitedConvNd] = []
         self._converted: list[nn.Module] = []
 
@@ -97,7 +125,10 @@ class BandLimit(Callback):
 
     @compression.setter
     def compression(self, value: float) -> None:
-        self._compression = check_compression(value)
+        value = check_compression(value)
+        if value != self._compression:
+            self._bn_stale = True
+        self._compression = value
         for layer in self._layers:
             layer.compression = self._compression
 
@@ -124,6 +155,8 @@ class BandLimit(Callback):
         self._layers = [m for _, m in bandlimited_layers(pl_module, include=self.include, exclude=self.exclude)]
         self._converted = [m for m in pl_module.modules() if type(m) is not before.get(id(m), type(m))]
         self.compression = self._compression
+        self._bn_stale = False
+        self._setup_bn(pl_module)
         count = len(self._layers)
         same_everywhere = trainer.strategy.reduce_boolean_decision(
             count == trainer.strategy.broadcast(count), all=True
@@ -140,12 +173,56 @@ class BandLimit(Callback):
                 "training runs with plain convolutions"
             )
 
+    def _setup_bn(self, pl_module: pl.LightningModule) -> None:
+        self._recent = None
+        if not self.recalibrate_bn or not self._layers or not batchnorm_modules(pl_module):
+            return
+        if self.bn_forward is None and type(pl_module).forward is nn.Module.forward:
+            rank_zero_warn(
+                f"{type(self).__name__}: {type(pl_module).__name__} defines no forward(), so BatchNorm "
+                "statistics cannot be re-estimated after compression changes; pass "
+                "bn_forward=lambda module, batch: ... (or recalibrate_bn=0 to silence this)"
+            )
+            return
+        self._recent = RecentBatches(self.recalibrate_bn)
+
+    def _recalibrate_bn(self, trainer: pl.Trainer, pl_module: pl.LightningModule, current: Any = None) -> None:
+        """Re-estimate BatchNorm statistics over the recent batches (and ``current``, if given)."""
+        if self._recent is None:
+            return
+        batches = list(self._recent.on(pl_module.device))
+        if current is not None:
+            batches = [*batches[1 - self.recalibrate_bn:], current] if self.recalibrate_bn > 1 else [current]
+        if not batches:
+            return
+        started = time.perf_counter()
+        recalibrate_batchnorm(pl_module, batches, forward=self.bn_forward)
+        if trainer.world_size > 1:
+            for module in batchnorm_modules(pl_module):
+                for buffer in (module.running_mean, module.running_var):
+                    buffer.copy_(trainer.strategy.reduce(buffer.clone(), reduce_op="mean"))
+        self.bn_recalibration_seconds += time.perf_counter() - started
+        self.bn_recalibrations += 1
+        self._bn_stale = False
+
+    @override
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._bn_stale:  # the compression changed since the last step
+            self._recalibrate_bn(trainer, pl_module, current=batch)
+
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if self._recent is not None:
+            self._recent.append(batch)
         if self._should_log(trainer):
             self._log(pl_module, on_step=True)
+
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._recalibrate_bn(trainer, pl_module)
 
     def _should_log(self, trainer: pl.Trainer) -> bool:
         # Loggers only write every log_every_n_steps; calling self.log more often costs time.
@@ -164,6 +241,10 @@ class BandLimit(Callback):
         achieved = self.achieved_compression
         if achieved is not None:
             pl_module.log(f"{name}/achieved_compression", achieved, on_step=on_step, on_epoch=not on_step)
+        if self.bn_recalibrations:
+            pl_module.log(
+                f"{name}/bn_recalibration_seconds", self.bn_recalibration_seconds, on_step=on_step, on_epoch=not on_step
+            )
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

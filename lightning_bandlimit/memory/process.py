@@ -1,0 +1,114 @@
+"""A process's own memory as the operating system sees it, and giving cached memory back.
+
+On Linux, ``/proc/<pid>/status`` has the resident set (``VmRSS``) and its high-water mark
+(``VmHWM``), which writing ``5`` to ``/proc/<pid>/clear_refs`` resets: together they measure the
+peak of one training step. Freed memory stays resident when an allocator caches it (PyTorch's
+CUDA caching allocator; glibc's heap on the host), so a job that shrinks must also hand its
+cache back for others to see the memory free: :func:`release_cached_memory`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "limit_host_allocator_cache",
+    "peak_resident_bytes",
+    "release_cached_memory",
+    "reset_peak_resident",
+    "resident_bytes",
+]
+
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+
+
+def _status_field(pid: int | None, field: str) -> int:
+    path = Path(f"/proc/{'self' if pid is None else pid}/status")
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise OSError(f"cannot read {path} ({error}); process memory is read from Linux's /proc") from error
+    for line in text.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise OSError(f"{path} has no {field} line")
+
+
+def resident_bytes(pid: int | None = None) -> int:
+    """Resident set size of process ``pid`` (default: this process), in bytes.
+
+    Raises:
+        OSError: when ``/proc/<pid>/status`` cannot be read (not Linux, or no such process).
+
+    Example:
+        >>> resident_bytes() > 0
+        True
+    """
+    return _status_field(pid, "VmRSS")
+
+
+def peak_resident_bytes(pid: int | None = None) -> int:
+    """High-water mark of the resident set since start or the last :func:`reset_peak_resident`.
+
+    Raises:
+        OSError: when ``/proc/<pid>/status`` cannot be read.
+    """
+    return _status_field(pid, "VmHWM")
+
+
+def reset_peak_resident(pid: int | None = None) -> bool:
+    """Reset the resident high-water mark to the current resident size; ``False`` if not allowed."""
+    try:
+        Path(f"/proc/{'self' if pid is None else pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+def release_cached_memory(device: torch.device | None = None) -> None:
+    """Give memory the allocators keep for reuse back to the device or the operating system.
+
+    CUDA: ``torch.cuda.empty_cache()`` (so NVML and other processes see it free). Host: glibc's
+    ``malloc_trim(0)``, where the C library has it. A no-op elsewhere.
+
+    Example:
+        >>> release_cached_memory(torch.device("cpu"))
+    """
+    if device is not None and device.type == "cuda":
+        torch.cuda.empty_cache()
+        return
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+def limit_host_allocator_cache(threshold: int = 128 * 1024) -> bool:
+    """Serve host allocations of ``threshold`` bytes and more from ``mmap`` (glibc ``mallopt``).
+
+    Freed large tensors then leave the resident set at once, so it follows the tensors alive
+    (what ``MALLOC_MMAP_THRESHOLD_=131072`` does at start-up). Used by the benchmarks that
+    measure host memory; it costs some speed (page faults on each large allocation).
+
+    Returns:
+        ``True`` if the C library took the setting.
+    """
+    libc = _libc()
+    if libc is None or not hasattr(libc, "mallopt") or os.name != "posix":
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))
