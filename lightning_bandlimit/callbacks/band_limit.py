@@ -48,7 +48,7 @@ class BandLimit(Callback):
             ``False`` swaps the convolutions only (e.g. for double backward, which the lean ops
             do not support).
         recalibrate_bn: BatchNorm follows the compression: after every compression change
-            (before the next training step) and before every validation, the running statistics
+            (before the next training step, or when training ends) and before every validation, the running statistics
             of the model's BatchNorm layers are re-estimated over the last ``recalibrate_bn``
             training batches (:func:`~lightning_bandlimit.batchnorm.recalibrate_batchnorm`:
             forward passes in train mode without gradients, the random state untouched; under
@@ -177,7 +177,7 @@ class BandLimit(Callback):
         self._recent = None
         if not self.recalibrate_bn or not self._layers or not batchnorm_modules(pl_module):
             return
-        if self.bn_forward is None and type(pl_module).forward is nn.Module.forward:
+        if self.bn_forward is None and type(pl_module).forward in (nn.Module.forward, pl.LightningModule.forward):
             rank_zero_warn(
                 f"{type(self).__name__}: {type(pl_module).__name__} defines no forward(), so BatchNorm "
                 "statistics cannot be re-estimated after compression changes; pass "
@@ -222,6 +222,11 @@ class BandLimit(Callback):
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._recalibrate_bn(trainer, pl_module)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._bn_stale:  # changed after the last validation: the final model is consistent too
             self._recalibrate_bn(trainer, pl_module)
 
     def _should_log(self, trainer: pl.Trainer) -> bool:
