@@ -147,7 +147,6 @@ class AdaptiveBandLimit(BandLimit):
 
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
-        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)  # BatchNorm after a change
         # global_step counts optimizer steps: this batch ends at global_step + 1.
         if self.probe is None or not self._is_check_step(trainer.global_step + 1):
             return

@@ -47,13 +47,16 @@ class BandLimit(Callback):
             backward than with plain ``nn.Conv2d``, with the same gradients (to round-off).
             ``False`` swaps the convolutions only (e.g. for double backward, which the lean ops
             do not support).
-        recalibrate_bn: BatchNorm follows the compression: after every compression change
-            (before the next training step, or when training ends) and before every validation, the running statistics
-            of the model's BatchNorm layers are re-estimated over the last ``recalibrate_bn``
-            training batches (:func:`~lightning_bandlimit.batchnorm.recalibrate_batchnorm`:
+        recalibrate_bn: BatchNorm follows the compression: before every validation during
+            ``fit``, and at the end of an epoch or of training when the compression changed
+            since, the running statistics of the model's BatchNorm layers are re-estimated over
+            the last ``recalibrate_bn`` training batches (:func:`~lightning_bandlimit.batchnorm.recalibrate_batchnorm`:
             forward passes in train mode without gradients, the random state untouched; under
             DDP the ranks' estimates are averaged). The running averages otherwise describe the
-            old compression, and at a fixed compression they lag behind the weights. The time
+            old compression, and at a fixed compression they lag behind the weights. Training
+            itself normalises with batch statistics, so the re-estimate waits until the running
+            ones are used (a checkpoint saved mid-epoch after a change still holds the old
+            ones). The time
             spent is logged as ``BandLimit/bn_recalibration_seconds`` (cumulative). ``0`` turns
             it off.
         bn_forward: how to run the model on a training batch for the re-estimate,
@@ -186,13 +189,11 @@ class BandLimit(Callback):
             return
         self._recent = RecentBatches(self.recalibrate_bn)
 
-    def _recalibrate_bn(self, trainer: pl.Trainer, pl_module: pl.LightningModule, current: Any = None) -> None:
-        """Re-estimate BatchNorm statistics over the recent batches (and ``current``, if given)."""
+    def _recalibrate_bn(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Re-estimate BatchNorm statistics over the recent training batches."""
         if self._recent is None:
             return
         batches = list(self._recent.on(pl_module.device))
-        if current is not None:
-            batches = [*batches[1 - self.recalibrate_bn:], current] if self.recalibrate_bn > 1 else [current]
         if not batches:
             return
         started = time.perf_counter()
@@ -206,11 +207,6 @@ class BandLimit(Callback):
         self._bn_stale = False
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
-        if self._bn_stale:  # the compression changed since the last step
-            self._recalibrate_bn(trainer, pl_module, current=batch)
-
-    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
@@ -222,6 +218,11 @@ class BandLimit(Callback):
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self._recalibrate_bn(trainer, pl_module)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._bn_stale:  # changed since the last validation: an end-of-epoch checkpoint is consistent too
             self._recalibrate_bn(trainer, pl_module)
 
     @override

@@ -1,0 +1,60 @@
+"""A memory budget shared with other processes, read as a probe.
+
+On a shared GPU, NVML reports the device's free memory after every process's use. On a CPU
+host the same situation is a budget (a slice of the host given to a group of jobs) that this
+job and its co-tenants draw from; :class:`SharedBudgetProbe` reports what is left of it, from
+two measurements the caller supplies: this job's memory and the others'.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable, _as_bytes
+
+__all__ = ["SharedBudgetProbe"]
+
+
+class SharedBudgetProbe(MemoryProbe):
+    """Free memory of a ``budget`` shared with other processes: ``budget - own() - others()``.
+
+    Args:
+        budget: bytes the job and its co-tenants share.
+        own: returns this job's memory in bytes now (e.g. its peak resident set since the last
+            call, as :class:`~lightning_bandlimit.callbacks.SharedBudget` measures it).
+        others: returns the co-tenants' memory in bytes now (e.g. their resident sets).
+
+    Raises:
+        TypeError: if ``budget`` is not an integer number of bytes.
+        ValueError: if ``budget`` is not positive.
+
+    A reading clips ``free`` at 0 when the budget is overdrawn (the readings' contract);
+    :meth:`read` raises :class:`ProbeUnavailable` when a measurement fails with ``OSError``
+    (e.g. a co-tenant that exited).
+
+    Example:
+        >>> probe = SharedBudgetProbe(1000, own=lambda: 600, others=lambda: 300)
+        >>> probe.read()
+        MemoryReading(total=1000, free=100, source='budget')
+        >>> SharedBudgetProbe(1000, own=lambda: 800, others=lambda: 300).read().free
+        0
+    """
+
+    source = "budget"
+
+    def __init__(self, budget: int, own: Callable[[], int], others: Callable[[], int]) -> None:
+        budget = _as_bytes("budget", budget)
+        if budget <= 0:
+            raise ValueError(f"budget must be a positive number of bytes, got {budget}")
+        self.budget, self.own, self.others = budget, own, others
+
+    def read(self) -> MemoryReading:
+        self._ensure_open()
+        try:
+            used = int(self.own()) + int(self.others())
+        except OSError as error:
+            raise ProbeUnavailable(f"SharedBudgetProbe cannot measure the processes' memory ({error})") from error
+        return MemoryReading(total=self.budget, free=min(self.budget, max(0, self.budget - used)), source=self.source)
+
+    def __repr__(self) -> str:
+        return f"SharedBudgetProbe(budget={self.budget})"
