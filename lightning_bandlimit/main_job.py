@@ -1,201 +1,162 @@
-"""The main job: train a recipe band-limited and as a full-spectrum twin, compare them.
+"""The main job: a recipe trained beside a growing co-tenant, plain and memory-aware, then attacked.
 
-``python -m lightning_bandlimit.main_job`` (README command 1) trains the ``quickstart`` recipe
-twice, once band-limited and once with plain convolutions, prints a side-by-side summary, then
-evaluates both checkpoints under attack with the ``robustness`` recipe (``lightning-bandlimit
-robustness --config robustness``) and prints its summary table; everything goes into one run
-folder. In the band-limited run the recipe's ``BandLimit``
-becomes an :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` whose floor is the
-recipe's compression: with room to spare it changes nothing, and when the machine's memory runs
-short (another job grows) it raises the compression instead of letting the job fail::
+``python -m lightning_bandlimit.main_job`` (README command 1) runs the multi-tenant scenario of
+:mod:`lightning_bandlimit.multitenant` on the ``quickstart`` recipe:
+
+1. the **full-spectrum** job: the recipe with plain ``nn.Conv2d`` (what a user would otherwise
+   run) beside a co-tenant process whose memory rises a quarter into the run, holds, and
+   leaves at 70 %; its resident memory is measured every step;
+2. a **budget** chosen from that measurement so that the plain job does NOT fit beside the
+   co-tenant's peak (:func:`~lightning_bandlimit.multitenant.budget_for`);
+3. the **band-limited** job: the same recipe with an
+   :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` reading that budget, its floor the
+   recipe's compression: it raises the compression as the co-tenant grows, gives it back when
+   it leaves, and keeps BatchNorm statistics consistent with it;
+
+then prints the side-by-side table, writes the timeline plot, and evaluates both checkpoints
+under attack with the ``robustness`` recipe::
 
     runs/main-<timestamp>/
-        band-limited/    checkpoints, metrics.csv, config.yaml
-        full-spectrum/   the same for the twin
-        summary.json     the summary table, versions, wall times
+        full-spectrum/   spec.json, job.log, result.json (per-step timeline), checkpoints, metrics.csv
+        band-limited/    the same for the memory-aware job
+        timeline.png     budget, job + co-tenant memory of both jobs, compression
+        summary.json     the table, budget, trace, versions, wall times
         robustness/      results.json/.csv, accuracy_vs_eps.png, heat maps, summary.md
 """
 
 from __future__ import annotations
 
-import copy
 import datetime
 import json
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import lightning
 import torch
 
-from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit, StepTimer
-from lightning_bandlimit.cli import BandLimitCLI, recipe_path
-from lightning_bandlimit.saved_tensors import saved_activation_bytes
+from lightning_bandlimit.cli import recipe_path
+from lightning_bandlimit.memory.cotenant import RampTrace
+from lightning_bandlimit.multitenant import HOST_ALLOCATOR_ENV, JobResult, JobSpec, budget_for, launch, over_budget, plot_timelines
 
-__all__ = ["VariantResult", "main", "train_variant"]
+__all__ = ["main"]
 
-
-@dataclass
-class VariantResult:
-    """One row of the summary."""
-
-    variant: str
-    val_accuracy: float
-    compression: float
-    achieved_compression: float
-    saved_activation_mib: float
-    saved_vs_full_spectrum: float
-    step_ms: float
-    compression_changes: int
-    wall_s: float
-    checkpoint: str
-    log_dir: str
+MIB = 2**20
+# The main job's training budget on 2 CPU cores (the recipe's own is 6 epochs of 10240 images).
+DEFAULT_OVERRIDES = ["--trainer.max_epochs", "4", "--data.train_size", "8192"]
 
 
-def _saved_mib(model: torch.nn.Module, batch: torch.Tensor) -> float:
-    """MiB the whole model saves for backward in one training forward."""
-    probe = copy.deepcopy(model).train()  # a copy: the forward moves BatchNorm statistics
-    return saved_activation_bytes(probe, batch) / 2**20
-
-
-def train_variant(
-    recipe: str, out_dir: Path, band_limited: bool, overrides: list[str]
-) -> VariantResult:
-    """Train one variant of ``recipe`` into ``out_dir`` and measure it.
-
-    Args:
-        recipe: recipe name or config path.
-        out_dir: where checkpoints and logs go.
-        band_limited: keep the recipe's ``BandLimit`` callbacks (``False``: plain convolutions).
-        overrides: extra LightningCLI arguments (e.g. ``["--trainer.max_epochs", "2"]``).
-
-    Raises:
-        FileNotFoundError: for an unknown recipe.
-    """
-    args = [
-        "--config", str(recipe_path(recipe)),
-        "--trainer.default_root_dir", str(out_dir),
-        "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
-        "--trainer.logger.save_dir", str(out_dir),
-        "--trainer.logger.name", "",
-        *overrides,
-    ]
-    cli = BandLimitCLI(args=args, run=False)
-    trainer, model, data = cli.trainer, cli.model, cli.datamodule
-    # trainer.callbacks is a plain list: drop the band-limiting, or make it memory-aware.
-    recipe_bands = [cb for cb in trainer.callbacks if type(cb) is BandLimit]
-    trainer.callbacks[:] = [cb for cb in trainer.callbacks if type(cb) is not BandLimit]
-    if band_limited:
-        trainer.callbacks.extend(
-            AdaptiveBandLimit(
-                compression=cb.compression, min_compression=cb.compression, include=cb.include,
-                exclude=cb.exclude, pointwise=cb.pointwise,
-            )
-            for cb in recipe_bands
-        )
-    timer = StepTimer()
-    trainer.callbacks.append(timer)
-    band = next((cb for cb in trainer.callbacks if isinstance(cb, BandLimit)), None)
-
-    started = time.perf_counter()
-    trainer.fit(model, datamodule=data)
-    wall = time.perf_counter() - started
-
-    images = next(iter(data.train_dataloader()))[0]
-    saved_total = _saved_mib(model, images)
-    checkpoint = trainer.checkpoint_callback
-    return VariantResult(
-        variant="band-limited" if band_limited else "full-spectrum",
-        val_accuracy=float(trainer.callback_metrics.get("val/acc", float("nan"))),
-        compression=band.compression if band else 0.0,
-        achieved_compression=(band.achieved_compression or 0.0) if band else 0.0,
-        saved_activation_mib=saved_total,
-        saved_vs_full_spectrum=float("nan"),  # set once both variants ran
-        step_ms=timer.median_ms or float("nan"),
-        compression_changes=sum(
-            a["compression"] != b["compression"] for a, b in zip(band.decisions, band.decisions[1:])
-        ) if isinstance(band, AdaptiveBandLimit) else 0,
-        wall_s=wall,
-        checkpoint=getattr(checkpoint, "last_model_path", "") or getattr(checkpoint, "best_model_path", ""),
-        log_dir=str(trainer.log_dir),
-    )
-
-
-def _table(results: list[VariantResult]) -> str:
+def _table(rows: list[tuple[str, JobResult]], budget: int) -> str:
     header = (
-        f"{'variant':<14} {'val acc':>7} {'compression':>11} {'achieved':>8} {'saved act. MiB':>14} "
-        f"{'x full-spec.':>12} {'step ms':>8} {'c changes':>9} {'wall s':>7}"
+        f"{'variant':<14} {'val acc':>7} {'compression':>15} {'changes':>7} {'peak MiB':>8} {'step +MiB':>9} "
+        f"{'over budget':>11} {'step ms':>7} {'BN s':>5} {'wall s':>6}"
     )
-    rows = [
-        f"{r.variant:<14} {r.val_accuracy:>7.3f} {r.compression:>11.2f} {r.achieved_compression:>8.3f} "
-        f"{r.saved_activation_mib:>14.2f} {r.saved_vs_full_spectrum:>12.2f} {r.step_ms:>8.1f} "
-        f"{r.compression_changes:>9} {r.wall_s:>7.1f}"
-        for r in results
-    ]
-    return "\n".join([header, *rows])
+    lines = [header]
+    for variant, r in rows:
+        seen = [t["compression"] for t in r.timeline]
+        span = f"{min(seen):.2f}-{max(seen):.2f}->{r.final_compression:.2f}" if max(seen) > min(seen) else f"{r.final_compression:.2f}"
+        lines.append(
+            f"{variant:<14} {r.val_accuracy:>7.3f} {span:>15} {r.compression_changes:>7} {r.peak_job_bytes / MIB:>8.0f} "
+            f"{r.step_increment_bytes / MIB:>9.1f} {over_budget(r, budget):>5}/{len(r.timeline):<5} {r.step_ms:>7.0f} "
+            f"{r.bn_recalibration_seconds:>5.1f} {r.wall_s:>6.0f}"
+        )
+    return "\n".join(lines)
 
 
 def main(
     recipe: str = "quickstart",
     output_dir: str = "runs",
     overrides: list[str] | None = None,
+    cotenant_low_mib: float = 32.0,
+    cotenant_high_mib: float = 192.0,
+    budget_below: float = 0.2,
     robustness: bool = True,
     robustness_overrides: list[str] | None = None,
 ) -> Path:
-    """Train ``recipe`` band-limited and full-spectrum, compare them, evaluate them under attack.
+    """Run the multi-tenant scenario on ``recipe`` (plain, then memory-aware), then attack both.
 
     Args:
-        recipe: recipe name (``lightning-bandlimit recipes``) or a config path.
+        recipe: recipe name (``lightning-bandlimit recipes``) or a config path; its
+            ``BandLimit`` compression is the memory-aware job's floor.
         output_dir: parent of the run folder ``main-<timestamp>``.
-        overrides: LightningCLI arguments applied to both runs, e.g.
-            ``'[--trainer.max_epochs, "2"]'``.
+        overrides: LightningCLI arguments for both jobs; default: 4 epochs of 8192 images (the
+            main job's time on 2 CPU cores), e.g. ``'[--trainer.max_epochs, "2"]'``.
+        cotenant_low_mib: the co-tenant's memory before it grows and after it leaves.
+        cotenant_high_mib: the co-tenant's memory at its peak.
+        budget_below: the budget sits this fraction of the plain job's step memory below what
+            the plain job and the co-tenant's peak need together.
         robustness: run the ``robustness`` recipe on both checkpoints at the end.
         robustness_overrides: arguments for ``lightning-bandlimit robustness`` after
             ``--config robustness``, e.g. ``'[--limit, "64"]'``.
 
     Raises:
         FileNotFoundError: for an unknown recipe (before any work).
+        ValueError: for a co-tenant trace or budget fraction out of range (before any work).
+        RuntimeError: when a job fails (its log's tail in the message; earlier results kept).
         SanityCheckError: when a robustness sanity check fails (after everything is written).
 
     Returns:
         The run folder.
     """
     recipe_path(recipe)  # fail before any work on an unknown recipe
+    trace = {"low": int(cotenant_low_mib * MIB), "high": int(cotenant_high_mib * MIB), "start": 0.25, "ramp": 0.2, "leave": 0.7}
+    ramp = RampTrace(**trace)
+    if not 0 < budget_below < 1:
+        raise ValueError(f"budget_below must be in (0, 1), got {budget_below}")
+    overrides = list(DEFAULT_OVERRIDES if overrides is None else overrides)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(output_dir).resolve() / f"main-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=False)
     started = time.perf_counter()
-    results = [
-        train_variant(recipe, run_dir / name, band_limited, list(overrides or []))
-        for name, band_limited in (("band-limited", True), ("full-spectrum", False))
-    ]
-    for result in results:
-        result.saved_vs_full_spectrum = result.saved_activation_mib / results[-1].saved_activation_mib
+
+    print(f"[main] 1/2 full-spectrum job (plain nn.Conv2d) beside a co-tenant growing {cotenant_low_mib:.0f} -> "
+          f"{cotenant_high_mib:.0f} MiB; log: {run_dir / 'full-spectrum' / 'job.log'}", flush=True)
+    plain = launch(JobSpec("full-spectrum", "plain", str(run_dir / "full-spectrum"), trace, recipe, overrides))
+    budget = budget_for(plain, ramp, below=budget_below)
+    increment = plain.step_increment_bytes
+    min_free, release_free = int(0.08 * increment), int(0.5 * increment)
+    print(f"[main] budget {budget / MIB:.0f} MiB: the plain job's step peak + the co-tenant's peak, less "
+          f"{budget_below:.2f} x its step memory ({increment / MIB:.0f} MiB)", flush=True)
+    print(f"[main] 2/2 band-limited job (AdaptiveBandLimit, floor: the recipe's compression) on that budget; "
+          f"log: {run_dir / 'band-limited' / 'job.log'}", flush=True)
+    adaptive = launch(JobSpec(
+        "band-limited", "adaptive", str(run_dir / "band-limited"), trace, recipe, overrides,
+        compression=None, max_compression=0.9, budget=budget, min_free=min_free, release_free=release_free,
+    ))
+    rows = [("full-spectrum", plain), ("band-limited", adaptive)]
+    plot_timelines([plain, adaptive], budget, run_dir / "timeline.png", title=f"{recipe}: plain vs AdaptiveBandLimit beside a co-tenant")
+    training_s = time.perf_counter() - started
     summary = {
-        "recipe": recipe,
-        "run_dir": str(run_dir),
-        "overrides": list(overrides or []),
-        "results": [asdict(r) for r in results],
-        "wall_s": time.perf_counter() - started,
-        "versions": {
-            "torch": torch.__version__,
-            "lightning": lightning.__version__,
-            "python": platform.python_version(),
-        },
+        "recipe": recipe, "run_dir": str(run_dir), "overrides": overrides,
+        "budget_bytes": budget, "trace": trace, "min_free_bytes": min_free, "release_free_bytes": release_free,
+        "host_allocator_env": HOST_ALLOCATOR_ENV,
+        "results": [
+            {"variant": v, **{k: x for k, x in asdict(r).items() if k != "timeline"}, "over_budget_steps": over_budget(r, budget),
+             "steps": len(r.timeline)}
+            for v, r in rows
+        ],
+        "wall_s": training_s,
+        "versions": {"torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version()},
         "threads": torch.get_num_threads(),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print()
-    print(_table(results))
+    print(_table(rows, budget))
+    share = adaptive.bn_recalibration_seconds / adaptive.wall_s if adaptive.wall_s else float("nan")
     print(
-        "saved act. MiB: what autograd keeps for backward in one training forward (unique storages,\n"
-        "parameters excluded; band-limited with memory-lean training, the default); x full-spec.:\n"
-        "relative to the full-spectrum (plain nn.Conv2d) run; step ms: median training step;\n"
-        "c changes: compression moves made by AdaptiveBandLimit (memory pressure on this machine).\n"
-        "Whole-model memory per compression: python benchmarks/model_memory.py (README)."
+        f"\nbudget {budget / MIB:.0f} MiB shared with a co-tenant process ({cotenant_low_mib:.0f} -> {cotenant_high_mib:.0f} MiB "
+        "and back). peak MiB: the job's largest resident set in a training step (measured in /proc);\n"
+        "step +MiB: median growth of the resident set within a step; over budget: steps whose peak plus the\n"
+        "co-tenant's memory exceeded the budget (on a GPU, an out-of-memory error); BN s: BatchNorm re-estimation\n"
+        f"time ({100 * share:.1f} % of the band-limited job's wall time). Both jobs run with {HOST_ALLOCATOR_ENV} so\n"
+        "that freed tensors leave the resident set; with glibc's default heap it keeps its high-water mark.\n"
+        "One seed (the recipe's seed_everything): accuracies move by several points between seeds on this budget;\n"
+        "python benchmarks/multitenant.py gives 3 seeds per setting with mean +- std. What this shows: the plain job\n"
+        "does not fit the budget while the co-tenant is at its peak and the memory-aware job does. What it cannot\n"
+        "show: a GPU's allocator (no GPU here), or a co-tenant that grows faster than one check (one step)."
     )
-    print(f"training wall time {summary['wall_s']:.0f} s; run folder: {run_dir}")
+    print(f"training wall time {training_s:.0f} s; timeline: {run_dir / 'timeline.png'}; run folder: {run_dir}")
     if robustness:
         from lightning_bandlimit.recipes.robustness import main as evaluate
 

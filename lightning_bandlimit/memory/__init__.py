@@ -6,7 +6,9 @@ Example:
     0.5
 """
 
+from lightning_bandlimit.memory.budget import SharedBudgetProbe
 from lightning_bandlimit.memory.controller import CompressionController, Decision, MemoryModel
+from lightning_bandlimit.memory.cotenant import CoTenant, RampTrace
 from lightning_bandlimit.memory.probes import (
     CudaProbe,
     HostMemoryProbe,
@@ -19,6 +21,7 @@ from lightning_bandlimit.memory.probes import (
 )
 
 __all__ = [
+    "CoTenant",
     "CompressionController",
     "CudaProbe",
     "Decision",
@@ -28,6 +31,8 @@ __all__ = [
     "MemoryReading",
     "NVMLProbe",
     "ProbeUnavailable",
+    "RampTrace",
     "ScriptedProbe",
+    "SharedBudgetProbe",
     "auto_probe",
 ]

@@ -1,0 +1,256 @@
+"""The multi-tenant scenario: a training job beside a co-tenant process, on a shared memory budget.
+
+One job is one recipe trained in its own process (so its resident memory is its own) beside a
+:class:`~lightning_bandlimit.memory.CoTenant` that follows a
+:class:`~lightning_bandlimit.memory.RampTrace`, measured every step by a
+:class:`~lightning_bandlimit.callbacks.SharedBudget`. A job is ``plain`` (the recipe with plain
+``nn.Conv2d``: what the user would otherwise run), ``fixed`` (band-limited at one compression)
+or ``adaptive`` (an :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` reading the
+budget). The job processes start with ``MALLOC_MMAP_THRESHOLD_=131072`` so that their resident
+set follows their live tensors, as a GPU job's reserved memory does after ``empty_cache``;
+the plain job runs under the same setting, so the comparison is like for like.
+
+Used by the main job and ``benchmarks/multitenant.py``; ``python -m
+lightning_bandlimit.multitenant SPEC.json`` runs one job (what :func:`launch` does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from lightning_bandlimit.memory.cotenant import RampTrace
+
+__all__ = ["JobResult", "JobSpec", "budget_for", "launch", "plot_timelines", "run_job"]
+
+Mode = Literal["plain", "fixed", "adaptive"]
+MODES = ("plain", "fixed", "adaptive")
+HOST_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+
+
+@dataclass
+class JobSpec:
+    """One job of the scenario.
+
+    Args:
+        name: the job's name (folder and legend).
+        mode: ``"plain"``, ``"fixed"`` or ``"adaptive"``.
+        out_dir: where its checkpoints, logs and ``result.json`` go.
+        trace: the co-tenant's trace, as :class:`RampTrace` fields.
+        recipe: recipe name or config path.
+        overrides: extra LightningCLI arguments.
+        compression: ``fixed``: the compression; ``adaptive``: its floor (and start); ``None``:
+            the recipe's ``BandLimit`` compression (0.5 if it has none).
+        max_compression: ``adaptive``: its ceiling.
+        budget: bytes shared with the co-tenant (``adaptive`` needs one).
+        min_free: ``adaptive``: bytes of the budget to keep free.
+        release_free: ``adaptive``: free bytes above which compression is given back.
+
+    Raises:
+        ValueError: for an unknown mode, or an adaptive job without budget and thresholds.
+    """
+
+    name: str
+    mode: Mode
+    out_dir: str
+    trace: dict[str, Any]
+    recipe: str = "quickstart"
+    overrides: list[str] = field(default_factory=list)
+    compression: float | None = None
+    max_compression: float = 0.9
+    budget: int | None = None
+    min_free: int | None = None
+    release_free: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode == "adaptive" and None in (self.budget, self.min_free, self.release_free):
+            raise ValueError("an adaptive job needs budget, min_free and release_free (bytes)")
+        RampTrace(**self.trace)  # checks the trace before any work
+
+
+@dataclass
+class JobResult:
+    """What one job measured (all bytes are resident bytes, measured in ``/proc``)."""
+
+    name: str
+    mode: str
+    val_accuracy: float
+    final_compression: float
+    achieved_compression: float
+    compression_changes: int
+    step_ms: float
+    wall_s: float
+    peak_job_bytes: int
+    step_increment_bytes: int
+    over_budget_steps: int | None
+    bn_recalibrations: int
+    bn_recalibration_seconds: float
+    checkpoint: str
+    log_dir: str
+    timeline: list[dict[str, Any]]
+
+
+def run_job(spec: JobSpec) -> JobResult:
+    """Train ``spec``'s job in this process beside a co-tenant and measure it.
+
+    Raises:
+        FileNotFoundError: for an unknown recipe.
+    """
+    from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit, SharedBudget, StepTimer
+    from lightning_bandlimit.cli import BandLimitCLI, recipe_path
+
+    out = Path(spec.out_dir)
+    cli = BandLimitCLI(args=[
+        "--config", str(recipe_path(spec.recipe)), "--trainer.default_root_dir", str(out),
+        "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(out),
+        "--trainer.logger.name", "", "--trainer.enable_progress_bar", "false", *spec.overrides,
+    ], run=False)
+    trainer, model, data = cli.trainer, cli.model, cli.datamodule
+    recipe_bands = [cb for cb in trainer.callbacks if isinstance(cb, BandLimit)]
+    template = recipe_bands[0] if recipe_bands else BandLimit()
+    trainer.callbacks[:] = [cb for cb in trainer.callbacks if not isinstance(cb, BandLimit)]
+    shared = SharedBudget(spec.budget, RampTrace(**spec.trace))
+    trainer.callbacks.insert(0, shared)
+    selection = {"include": template.include, "exclude": template.exclude, "pointwise": template.pointwise}
+    band: BandLimit | None = None
+    compression = template.compression if spec.compression is None else spec.compression
+    if spec.mode == "fixed":
+        band = BandLimit(compression, **selection)
+    elif spec.mode == "adaptive":
+        band = AdaptiveBandLimit(
+            compression=compression, min_compression=compression, max_compression=spec.max_compression,
+            probe=shared.probe, min_free=spec.min_free, release_free=spec.release_free, check_every_n_steps=1,
+            **selection,
+        )
+    if band is not None:
+        trainer.callbacks.insert(1, band)
+    timer = StepTimer()
+    trainer.callbacks.append(timer)
+    started = time.perf_counter()
+    trainer.fit(model, datamodule=data)
+    wall = time.perf_counter() - started
+    timeline = shared.timeline
+    decisions = band.decisions if isinstance(band, AdaptiveBandLimit) else []
+    checkpoint = trainer.checkpoint_callback
+    result = JobResult(
+        name=spec.name, mode=spec.mode,
+        val_accuracy=float(trainer.callback_metrics.get("val/acc", float("nan"))),
+        final_compression=band.compression if band else 0.0,
+        achieved_compression=(band.achieved_compression or 0.0) if band else 0.0,
+        compression_changes=sum(a["compression"] != b["compression"] for a, b in zip(timeline, timeline[1:])),
+        step_ms=timer.median_ms or float("nan"), wall_s=wall,
+        peak_job_bytes=max(r["job_bytes"] for r in timeline),
+        step_increment_bytes=int(statistics.median(r["job_bytes"] - r["start_bytes"] for r in timeline)),
+        over_budget_steps=shared.over_budget_steps() if spec.budget is not None else None,
+        bn_recalibrations=band.bn_recalibrations if band else 0,
+        bn_recalibration_seconds=band.bn_recalibration_seconds if band else 0.0,
+        checkpoint=getattr(checkpoint, "last_model_path", "") or getattr(checkpoint, "best_model_path", ""),
+        log_dir=str(trainer.log_dir), timeline=[{**r, "decision": None} for r in timeline],
+    )
+    for record in decisions:  # mark each step's decision in the timeline
+        index = record["step"] - 1
+        if 0 <= index < len(result.timeline):
+            result.timeline[index]["decision"] = record["reason"]
+    return result
+
+
+def launch(spec: JobSpec, timeout: float | None = None) -> JobResult:
+    """Run ``spec`` in a fresh process (see the module docstring) and return what it measured.
+
+    Its output goes to ``<out_dir>/job.log``; ``<out_dir>/result.json`` holds the result.
+
+    Raises:
+        RuntimeError: if the job fails (the message ends with the log's tail).
+    """
+    out = Path(spec.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    spec_path = out / "spec.json"
+    spec_path.write_text(json.dumps(asdict(spec), indent=2))
+    env = {**os.environ, **HOST_ALLOCATOR_ENV}
+    with open(out / "job.log", "w") as log:
+        code = subprocess.run(
+            [sys.executable, "-m", "lightning_bandlimit.multitenant", str(spec_path)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout, check=False,
+        ).returncode
+    if code != 0 or not (out / "result.json").is_file():
+        tail = "\n".join((out / "job.log").read_text().splitlines()[-20:])
+        raise RuntimeError(f"the {spec.name!r} job failed (exit code {code}); the end of {out / 'job.log'}:\n{tail}")
+    return JobResult(**json.loads((out / "result.json").read_text()))
+
+
+def _phase(result: JobResult, trace: RampTrace, hold: bool) -> list[dict[str, Any]]:
+    steps = max(len(result.timeline), 1)
+    rows = [r for i, r in enumerate(result.timeline) if (trace.start + trace.ramp <= i / steps < trace.leave) == hold]
+    return rows or result.timeline
+
+
+def budget_for(plain: JobResult, trace: RampTrace, below: float = 0.25) -> int:
+    """A budget the plain job does not fit beside the co-tenant's peak.
+
+    ``below`` of the plain job's step increment (its peak minus its resident set at the start
+    of a step, median) under the median of plain job + co-tenant while the co-tenant holds its
+    peak: every compression that saves more than that fits, the plain job does not.
+
+    Raises:
+        ValueError: unless ``0 < below < 1``.
+    """
+    if not 0 < below < 1:
+        raise ValueError(f"below must be in (0, 1), got {below}")
+    held = statistics.median(r["job_bytes"] + r["cotenant_bytes"] for r in _phase(plain, trace, hold=True))
+    return int(held - below * plain.step_increment_bytes)
+
+
+def over_budget(result: JobResult, budget: int) -> int:
+    """Steps of ``result`` whose job peak plus co-tenant exceeded ``budget``."""
+    return sum(r["job_bytes"] + r["cotenant_bytes"] > budget for r in result.timeline)
+
+
+def plot_timelines(results: list[JobResult], budget: int, path: Path, title: str = "") -> None:
+    """Budget, job + co-tenant memory of each job, and compression, over the training steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mib = 2**20
+    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True, height_ratios=[3, 1.2, 1.5])
+    for result in results:
+        steps = [r["step"] for r in result.timeline]
+        top.plot(steps, [(r["job_bytes"] + r["cotenant_bytes"]) / mib for r in result.timeline], label=f"{result.name} + co-tenant")
+        bottom.plot(steps, [r["compression"] for r in result.timeline], label=result.name)
+    first = results[0].timeline
+    middle.plot([r["step"] for r in first], [r["cotenant_bytes"] / mib for r in first], color="grey")
+    top.axhline(budget / mib, color="red", ls="--", label="budget")
+    top.set_ylabel("resident MiB\n(job's step peak + co-tenant)", fontsize=9)
+    top.legend(fontsize=8, loc="upper left")
+    middle.set_ylabel("co-tenant MiB", fontsize=9)
+    bottom.set_ylabel("compression", fontsize=9)
+    bottom.set_xlabel("training step")
+    bottom.set_ylim(-0.05, 1)
+    bottom.legend(fontsize=8, loc="upper left")
+    if title:
+        top.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m lightning_bandlimit.multitenant SPEC.json")
+    spec = JobSpec(**json.loads(Path(argv[0]).read_text()))
+    result = run_job(spec)
+    Path(spec.out_dir, "result.json").write_text(json.dumps(asdict(result)))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])
