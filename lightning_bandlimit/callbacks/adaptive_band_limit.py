@@ -50,6 +50,19 @@ class AdaptiveBandLimit(BandLimit):
     Under DDP all ranks apply the most conservative (highest) compression any rank asks for,
     on the same step.
 
+    **What it guarantees, and what it does not.** A co-tenant whose memory grows by less than
+    ``min_free`` between two checks is met before the job overdraws: the check that sees free
+    memory below ``min_free`` raises the compression for the next step, as far as
+    ``max_compression`` can free (measured in the multi-tenant scenario of the main job and
+    ``benchmarks/multitenant.py``: 0 over-budget steps where the plain job overdraws at every
+    step of the co-tenant's peak). It cannot help with memory compression does not free
+    (parameters, optimizer state, the process's own base), a co-tenant that grows by more than
+    ``min_free`` within one check interval (steps until the next check may overdraw), or an
+    out-of-memory error in ``backward`` or another process. After a raise it returns cached
+    memory to the device (``torch.cuda.empty_cache()``; glibc's ``malloc_trim`` on the host);
+    on the host the resident set follows the tensors only with ``MALLOC_MMAP_THRESHOLD_`` set
+    (glibc's default heap keeps its high-water mark whatever the compression).
+
     **Out-of-memory backstop** (``oom_backstop=True``, single-process runs): an out-of-memory
     error raised inside ``training_step`` (the forward pass) raises the compression and retries
     that batch once. It cannot catch an OOM in ``backward``, the optimizer step, data loading or
