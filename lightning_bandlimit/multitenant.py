@@ -52,6 +52,8 @@ class JobSpec:
         budget: bytes shared with the co-tenant (``adaptive`` needs one).
         min_free: ``adaptive``: bytes of the budget to keep free.
         release_free: ``adaptive``: free bytes above which compression is given back.
+        recalibrate_bn: ``fixed`` / ``adaptive``: training batches BatchNorm statistics are
+            re-estimated over before each validation (``0``: off).
 
     Raises:
         ValueError: for an unknown mode, or an adaptive job without budget and thresholds.
@@ -68,6 +70,7 @@ class JobSpec:
     budget: int | None = None
     min_free: int | None = None
     release_free: int | None = None
+    recalibrate_bn: int = 8
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -124,12 +127,12 @@ def run_job(spec: JobSpec) -> JobResult:
     band: BandLimit | None = None
     compression = template.compression if spec.compression is None else spec.compression
     if spec.mode == "fixed":
-        band = BandLimit(compression, **selection)
+        band = BandLimit(compression, recalibrate_bn=spec.recalibrate_bn, **selection)
     elif spec.mode == "adaptive":
         band = AdaptiveBandLimit(
             compression=compression, min_compression=compression, max_compression=spec.max_compression,
             probe=shared.probe, min_free=spec.min_free, release_free=spec.release_free, check_every_n_steps=1,
-            **selection,
+            recalibrate_bn=spec.recalibrate_bn, **selection,
         )
     if band is not None:
         trainer.callbacks.insert(1, band)
