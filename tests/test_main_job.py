@@ -26,9 +26,10 @@ def test_runs_the_multitenant_scenario_plain_then_memory_aware_and_attacks_both(
     assert banded["mode"] == "adaptive" and banded["final_compression"] >= 0.5  # the recipe's compression is its floor
     # the budget is chosen so that the plain job does not fit beside the co-tenant's peak
     assert plain["over_budget_steps"] >= 1 and plain["steps"] == banded["steps"] == 10
-    assert summary["budget_bytes"] < plain["peak_job_bytes"] + summary["trace"]["high"]
     timeline = json.loads((run_dir / "full-spectrum" / "result.json").read_text())["timeline"]
     assert len(timeline) == 10 and all(r["job_bytes"] > 0 and r["cotenant_bytes"] > 0 for r in timeline)
+    needed = [r["job_bytes"] + r["cotenant_bytes"] for r in timeline]
+    assert min(needed) < summary["budget_bytes"] < max(needed)  # fits before the co-tenant grows, not at its peak
     for result in (banded, plain):
         assert 0.0 <= result["val_accuracy"] <= 1.0 and result["step_ms"] > 0
         assert Path(result["checkpoint"]).is_file()

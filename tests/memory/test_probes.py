@@ -530,9 +530,13 @@ def test_exports() -> None:
         "NVMLProbe",
         "ProbeUnavailable",
         "ScriptedProbe",
+        "SharedBudgetProbe",
+        "CoTenant",
+        "RampTrace",
         "auto_probe",
     }
     assert all(issubclass(c, MemoryProbe) for c in (NVMLProbe, CudaProbe, HostMemoryProbe, ScriptedProbe))
+    assert issubclass(memory.SharedBudgetProbe, MemoryProbe)
     assert issubclass(ProbeUnavailable, RuntimeError)
 
 
