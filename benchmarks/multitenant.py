@@ -41,7 +41,16 @@ import lightning
 import torch
 
 from lightning_bandlimit.memory import RampTrace
-from lightning_bandlimit.multitenant import HOST_ALLOCATOR_ENV, JobResult, JobSpec, budget_for, launch, over_budget, plot_timelines
+from lightning_bandlimit.multitenant import (
+    HOST_ALLOCATOR_ENV,
+    JobResult,
+    JobSpec,
+    adaptive_thresholds,
+    budget_for,
+    launch,
+    over_budget,
+    plot_timelines,
+)
 
 MIB = 2**20
 
@@ -68,8 +77,8 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args()
 
-    trace = {"low": int(args.low_mib * MIB), "high": int(args.high_mib * MIB), "start": 0.25, "ramp": 0.2, "leave": 0.7}
-    ramp = RampTrace(**trace)
+    ramp = RampTrace(low=int(args.low_mib * MIB), high=int(args.high_mib * MIB))
+    trace = asdict(ramp)
     overrides = ["--trainer.max_epochs", str(args.epochs), "--data.train_size", str(args.train_size),
                  "--data.batch_size", str(args.batch_size)]
     started = time.perf_counter()
@@ -81,12 +90,12 @@ def main() -> None:
         work = args.work / f"seed{seed}"
         plain = launch(JobSpec("plain", "plain", str(work / "plain"), trace, overrides=seeded))
         budget = budget_for(plain, ramp, below=args.below)
-        increment = plain.step_increment_bytes
+        min_free, release_free = adaptive_thresholds(plain)
         jobs = [("plain", plain)]
         adaptive = launch(JobSpec(
             f"adaptive (floor {args.floor:g})", "adaptive", str(work / "adaptive"), trace, overrides=seeded,
             compression=args.floor, max_compression=0.9, budget=budget,
-            min_free=int(0.08 * increment), release_free=int(0.5 * increment), recalibrate_bn=args.recalibrate_bn,
+            min_free=min_free, release_free=release_free, recalibrate_bn=args.recalibrate_bn,
         ))
         jobs.append((adaptive.name, adaptive))
         for c in args.fixed:

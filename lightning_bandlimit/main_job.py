@@ -38,7 +38,16 @@ import torch
 
 from lightning_bandlimit.cli import recipe_path
 from lightning_bandlimit.memory.cotenant import RampTrace
-from lightning_bandlimit.multitenant import HOST_ALLOCATOR_ENV, JobResult, JobSpec, budget_for, launch, over_budget, plot_timelines
+from lightning_bandlimit.multitenant import (
+    HOST_ALLOCATOR_ENV,
+    JobResult,
+    JobSpec,
+    adaptive_thresholds,
+    budget_for,
+    launch,
+    over_budget,
+    plot_timelines,
+)
 
 __all__ = ["main"]
 
@@ -107,8 +116,8 @@ def main(
         The run folder.
     """
     recipe_path(recipe)  # fail before any work on an unknown recipe
-    trace = {"low": int(cotenant_low_mib * MIB), "high": int(cotenant_high_mib * MIB), "start": 0.25, "ramp": 0.2, "leave": 0.7}
-    ramp = RampTrace(**trace)
+    ramp = RampTrace(low=int(cotenant_low_mib * MIB), high=int(cotenant_high_mib * MIB))
+    trace = asdict(ramp)
     if not 0 < budget_below < 1:
         raise ValueError(f"budget_below must be in (0, 1), got {budget_below}")
     overrides = list(DEFAULT_OVERRIDES if overrides is None else overrides)
@@ -122,7 +131,7 @@ def main(
     plain = launch(JobSpec("full-spectrum", "plain", str(run_dir / "full-spectrum"), trace, recipe, overrides))
     budget = budget_for(plain, ramp, below=budget_below)
     increment = plain.step_increment_bytes
-    min_free, release_free = int(0.08 * increment), int(0.5 * increment)
+    min_free, release_free = adaptive_thresholds(plain)
     print(f"[main] budget {budget / MIB:.0f} MiB: the plain job's step peak + the co-tenant's peak, less "
           f"{budget_below:.2f} x its step memory ({increment / MIB:.0f} MiB)", flush=True)
     print(f"[main] 2/2 band-limited job (AdaptiveBandLimit, floor: the recipe's compression) on that budget; "

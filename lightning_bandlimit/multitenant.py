@@ -26,9 +26,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lightning_bandlimit.callbacks.shared_budget import over_budget_steps
 from lightning_bandlimit.memory.cotenant import RampTrace
 
-__all__ = ["JobResult", "JobSpec", "budget_for", "launch", "plot_timelines", "run_job"]
+__all__ = ["JobResult", "JobSpec", "adaptive_thresholds", "budget_for", "launch", "over_budget", "plot_timelines", "run_job"]
 
 Mode = Literal["plain", "fixed", "adaptive"]
 MODES = ("plain", "fixed", "adaptive")
@@ -94,7 +95,6 @@ class JobResult:
     wall_s: float
     peak_job_bytes: int
     step_increment_bytes: int
-    over_budget_steps: int | None
     bn_recalibrations: int
     bn_recalibration_seconds: float
     checkpoint: str
@@ -153,7 +153,6 @@ def run_job(spec: JobSpec) -> JobResult:
         step_ms=timer.median_ms or float("nan"), wall_s=wall,
         peak_job_bytes=max(r["job_bytes"] for r in timeline),
         step_increment_bytes=int(statistics.median(r["job_bytes"] - r["start_bytes"] for r in timeline)),
-        over_budget_steps=shared.over_budget_steps() if spec.budget is not None else None,
         bn_recalibrations=band.bn_recalibrations if band else 0,
         bn_recalibration_seconds=band.bn_recalibration_seconds if band else 0.0,
         checkpoint=getattr(checkpoint, "last_model_path", "") or getattr(checkpoint, "best_model_path", ""),
@@ -214,7 +213,12 @@ def budget_for(plain: JobResult, trace: RampTrace, below: float = 0.25) -> int:
 
 def over_budget(result: JobResult, budget: int) -> int:
     """Steps of ``result`` whose job peak plus co-tenant exceeded ``budget``."""
-    return sum(r["job_bytes"] + r["cotenant_bytes"] > budget for r in result.timeline)
+    return over_budget_steps(result.timeline, budget)
+
+
+def adaptive_thresholds(plain: JobResult) -> tuple[int, int]:
+    """``min_free`` and ``release_free`` for the adaptive job: 0.08 and 0.5 of the plain job's step memory."""
+    return int(0.08 * plain.step_increment_bytes), int(0.5 * plain.step_increment_bytes)
 
 
 def plot_timelines(results: list[JobResult], budget: int, path: Path, title: str = "") -> None:

@@ -87,9 +87,10 @@ class AdaptiveBandLimit(BandLimit):
         pointwise: also band-limit 1x1 convolutions.
         memory_lean: memory-lean training (see :class:`BandLimit`); on by default, since it is
             what makes a higher compression free memory.
-        recalibrate_bn: BatchNorm follows the compression: after every change and before every
-            validation its running statistics are re-estimated over this many recent training
-            batches (see :class:`BandLimit`); ``0`` turns it off.
+        recalibrate_bn: BatchNorm follows the compression: before every validation (and at the
+            end of an epoch or of training after a change) its running statistics are
+            re-estimated over this many recent training batches (see :class:`BandLimit`); ``0``
+            turns it off.
         bn_forward: how to run the model on a batch for that re-estimate (see :class:`BandLimit`).
         **controller_kwargs: further :class:`CompressionController` arguments (``raise_step``,
             ``lower_step``, ``release_checks``, ``cooldown_checks``, ``margin``).

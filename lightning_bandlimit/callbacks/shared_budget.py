@@ -9,13 +9,19 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from lightning_bandlimit.callbacks.adaptive_band_limit import AdaptiveBandLimit
 from lightning_bandlimit.callbacks.band_limit import BandLimit
 from lightning_bandlimit.memory.budget import SharedBudgetProbe
 from lightning_bandlimit.memory.cotenant import CoTenant, RampTrace
 from lightning_bandlimit.memory.probes import _as_bytes
 from lightning_bandlimit.memory.process import peak_resident_bytes, reset_peak_resident, resident_bytes
 
-__all__ = ["SharedBudget"]
+__all__ = ["SharedBudget", "over_budget_steps"]
+
+
+def over_budget_steps(timeline: list[dict[str, Any]], budget: int) -> int:
+    """Steps of a :attr:`SharedBudget.timeline` whose job peak plus co-tenant exceeded ``budget``."""
+    return sum(r["job_bytes"] + r["cotenant_bytes"] > budget for r in timeline)
 
 
 class SharedBudget(Callback):
@@ -91,8 +97,8 @@ class SharedBudget(Callback):
             return
         if trainer.world_size > 1:
             raise RuntimeError("SharedBudget measures one process; run it without multi-process training")
-        names = [type(cb).__name__ for cb in trainer.callbacks]
-        if "AdaptiveBandLimit" in names and names.index("AdaptiveBandLimit") < trainer.callbacks.index(self):
+        adaptive = [i for i, cb in enumerate(trainer.callbacks) if isinstance(cb, AdaptiveBandLimit)]
+        if adaptive and adaptive[0] < trainer.callbacks.index(self):
             raise ValueError("put SharedBudget before AdaptiveBandLimit in the callbacks, so each step is measured before the check")
         self._total_steps = max(1, int(trainer.estimated_stepping_batches))
         self._peak_resets = reset_peak_resident()
@@ -131,7 +137,7 @@ class SharedBudget(Callback):
         budget = self.budget if budget is None else budget
         if budget is None:
             raise ValueError("no budget: pass one, or give SharedBudget a budget")
-        return sum(r["job_bytes"] + r["cotenant_bytes"] > budget for r in self.timeline)
+        return over_budget_steps(self.timeline, budget)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -18,14 +18,11 @@ from pathlib import Path
 import torch
 
 __all__ = [
-    "limit_host_allocator_cache",
     "peak_resident_bytes",
     "release_cached_memory",
     "reset_peak_resident",
     "resident_bytes",
 ]
-
-_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
 
 
 def _status_field(pid: int | None, field: str) -> int:
@@ -96,19 +93,3 @@ def release_cached_memory(device: torch.device | None = None) -> None:
     libc = _libc()
     if libc is not None:
         libc.malloc_trim(0)
-
-
-def limit_host_allocator_cache(threshold: int = 128 * 1024) -> bool:
-    """Serve host allocations of ``threshold`` bytes and more from ``mmap`` (glibc ``mallopt``).
-
-    Freed large tensors then leave the resident set at once, so it follows the tensors alive
-    (what ``MALLOC_MMAP_THRESHOLD_=131072`` does at start-up). Used by the benchmarks that
-    measure host memory; it costs some speed (page faults on each large allocation).
-
-    Returns:
-        ``True`` if the C library took the setting.
-    """
-    libc = _libc()
-    if libc is None or not hasattr(libc, "mallopt") or os.name != "posix":
-        return False
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold)))

@@ -140,7 +140,7 @@ def _result(timeline: list[dict]) -> JobResult:
     return JobResult(
         name="plain", mode="plain", val_accuracy=0.9, final_compression=0.0, achieved_compression=0.0,
         compression_changes=0, step_ms=1.0, wall_s=1.0, peak_job_bytes=max(r["job_bytes"] for r in timeline),
-        step_increment_bytes=100, over_budget_steps=None, bn_recalibrations=0, bn_recalibration_seconds=0.0,
+        step_increment_bytes=100, bn_recalibrations=0, bn_recalibration_seconds=0.0,
         checkpoint="", log_dir="", timeline=timeline,
     )
 
