@@ -38,9 +38,12 @@ class AdaptiveBandLimit(BandLimit):
     the host's available memory and cgroup limit) and lets a
     :class:`~lightning_bandlimit.memory.CompressionController` decide: more compression when
     free memory drops below ``min_free`` (at once, jumping to the least compression its learned
-    memory model predicts will fit), less when it stays above ``release_free`` (slowly, after a
-    cooldown). The memory model is learned online from the job's own peak per check:
-    ``torch.cuda.max_memory_allocated`` on GPU, bytes saved for backward on CPU.
+    memory model predicts will fit), less when it stays above ``release_free`` (after
+    ``release_checks`` calm checks and a cooldown, to the least compression predicted to keep
+    ``release_free`` free). The memory model is learned online from the job's own peak per
+    check: the probe's own measurement of the job when it has one
+    (:class:`~lightning_bandlimit.memory.SharedBudgetProbe`: the resident set),
+    ``torch.cuda.max_memory_allocated`` on GPU, else bytes saved for backward.
 
     Like :class:`BandLimit` it swaps the convolutions in ``setup`` when the model has none
     band-limited, keeps its state (compression and learned model) in checkpoints, and logs
@@ -202,7 +205,12 @@ class AdaptiveBandLimit(BandLimit):
             rank_zero_warn(f"AdaptiveBandLimit: the memory probe stopped working ({error}); the compression stays fixed")
             self.probe = None
             return
-        peak = torch.cuda.max_memory_allocated(self._device) if self._device.type == "cuda" else self._job_peak
+        if reading.own is not None:  # the probe measured the job itself: learn what it counts
+            peak = reading.own
+        elif self._device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self._device)
+        else:
+            peak = self._job_peak
         if peak:
             self.controller.model.observe(self.compression, float(peak))
         decision = self.controller.decide(reading, self.compression)

@@ -28,14 +28,16 @@ class SharedBudgetProbe(MemoryProbe):
         TypeError: if ``budget`` is not an integer number of bytes.
         ValueError: if ``budget`` is not positive.
 
-    A reading clips ``free`` at 0 when the budget is overdrawn (the readings' contract);
+    A reading clips ``free`` at 0 when the budget is overdrawn (the readings' contract) and
+    reports ``own()`` as the job's own memory (:attr:`MemoryReading.own`), which is what an
+    :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` learns its memory model from;
     :meth:`read` raises :class:`ProbeUnavailable` when a measurement fails with ``OSError``
     (e.g. a co-tenant that exited).
 
     Example:
         >>> probe = SharedBudgetProbe(1000, own=lambda: 600, others=lambda: 300)
         >>> probe.read()
-        MemoryReading(total=1000, free=100, source='budget')
+        MemoryReading(total=1000, free=100, source='budget', own=600)
         >>> SharedBudgetProbe(1000, own=lambda: 800, others=lambda: 300).read().free
         0
     """
@@ -51,10 +53,12 @@ class SharedBudgetProbe(MemoryProbe):
     def read(self) -> MemoryReading:
         self._ensure_open()
         try:
-            used = int(self.own()) + int(self.others())
+            own = int(self.own())
+            used = own + int(self.others())
         except OSError as error:
             raise ProbeUnavailable(f"SharedBudgetProbe cannot measure the processes' memory ({error})") from error
-        return MemoryReading(total=self.budget, free=min(self.budget, max(0, self.budget - used)), source=self.source)
+        free = min(self.budget, max(0, self.budget - used))
+        return MemoryReading(total=self.budget, free=free, source=self.source, own=own)
 
     def __repr__(self) -> str:
         return f"SharedBudgetProbe(budget={self.budget})"

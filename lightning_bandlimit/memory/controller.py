@@ -9,9 +9,11 @@ check and, when known, the job's own peak memory at the compression it ran with:
   ``raise_step``.
 * **Hold** (free between ``min_free`` and ``release_free``): no change, the hysteresis band.
 * **Release** (free at or above ``release_free`` for ``release_checks`` checks in a row, and
-  ``cooldown_checks`` checks after the last change): lower the compression by ``lower_step``,
-  but not below the least compression predicted to keep ``release_free`` free, nor below a
-  compression that once ran out of memory (:meth:`CompressionController.on_oom`).
+  ``cooldown_checks`` checks after the last change): lower the compression to the least one
+  the learned relation predicts to keep ``release_free`` free (at once: a model error smaller
+  than ``release_free - min_free`` cannot bring the job under pressure); without a usable
+  relation, by ``lower_step``. Never below a compression that once ran out of memory
+  (:meth:`CompressionController.on_oom`).
 
 All changes stay within ``[min_compression, max_compression]``.
 """
@@ -43,12 +45,17 @@ class MemoryModel:
     """The job's peak memory as a function of compression, learned from what it has run with.
 
     Each observation updates an exponential moving average for its compression (rounded to
-    ``resolution``); predictions interpolate linearly between observed compressions and
-    extrapolate with the slope of the nearest two.
+    ``resolution``). Predictions interpolate linearly between observed compressions; outside
+    them they extrapolate with the slope of the secant over the whole observed span (the slope
+    of two neighbouring points a hundredth apart is mostly measurement noise). A model whose
+    secant does not fall, i.e. whose memory does not shrink with compression, predicts nothing.
 
     Args:
         smoothing: weight of a new observation in the moving average, in ``(0, 1]``.
         resolution: compressions closer than this share one point.
+
+    Raises:
+        ValueError: for ``smoothing`` outside ``(0, 1]`` or a non-positive ``resolution``.
 
     Example:
         >>> model = MemoryModel()
@@ -69,17 +76,21 @@ class MemoryModel:
         self.points[key] = peak_bytes if old is None else old + self.smoothing * (peak_bytes - old)
 
     def predict(self, compression: float) -> float | None:
-        """Predicted peak bytes at ``compression``; ``None`` until two compressions were seen."""
+        """Predicted peak bytes at ``compression``; ``None`` until two compressions were seen,
+        or while the memory seen does not fall with compression."""
         if len(self.points) < 2:
             return None
         xs = sorted(self.points)
-        if compression <= xs[0]:
-            a, b = xs[0], xs[1]
-        elif compression >= xs[-1]:
-            a, b = xs[-2], xs[-1]
-        else:
-            b = next(x for x in xs if x >= compression)
-            a = xs[xs.index(b) - 1]
+        lo, hi = xs[0], xs[-1]
+        slope = (self.points[hi] - self.points[lo]) / (hi - lo)
+        if slope >= 0:
+            return None
+        if compression <= lo:
+            return self.points[lo] + slope * (compression - lo)
+        if compression >= hi:
+            return self.points[hi] + slope * (compression - hi)
+        b = next(x for x in xs if x >= compression)
+        a = xs[xs.index(b) - 1]
         ya, yb = self.points[a], self.points[b]
         return ya + (yb - ya) * (compression - a) / (b - a)
 
@@ -104,7 +115,7 @@ class CompressionController:
         min_compression: lower bound, in ``[0, 1)``.
         max_compression: upper bound, in ``[min_compression, 1)``.
         raise_step: compression added per check under pressure when the model cannot say more.
-        lower_step: compression removed per release.
+        lower_step: compression removed per release while the memory model cannot predict.
         release_checks: consecutive checks above ``release_free`` before a release.
         cooldown_checks: checks after any change before a release.
         margin: extra fraction of the deficit to free when jumping with the model.
@@ -192,11 +203,9 @@ class CompressionController:
         floor = max(self.min_compression, self.oom_floor)
         if self._calm < self.release_checks or self._since_change <= self.cooldown_checks or current <= floor:
             return Decision(current, HOLD, reading.free, high)
-        target = max(current - self.lower_step, floor)
         spare = reading.free - high
         fitting = self._least_fitting(current, -spare)  # least c whose extra memory fits the spare
-        if fitting is not None:
-            target = max(target, fitting)
+        target = max(current - self.lower_step if fitting is None else fitting, floor)
         return self._change(self.clamp(min(target, current)), current, LOWER, reading.free, high)
 
     def notify_change(self) -> None:

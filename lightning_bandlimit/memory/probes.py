@@ -77,11 +77,15 @@ class MemoryReading:
             ``MemTotal`` and the cgroup limit).
         free: bytes free for this job now, after what *every* process on the device uses
             (on the host the smaller of ``MemAvailable`` and the cgroup's headroom).
-        source: which probe measured it: ``"nvml"``, ``"cuda"``, ``"host"`` or ``"scripted"``.
+        source: which probe measured it: ``"nvml"``, ``"cuda"``, ``"host"``, ``"budget"`` or
+            ``"scripted"``.
+        own: bytes of ``total - free`` that this job itself uses, when the probe can tell them
+            apart from other processes' (:class:`~lightning_bandlimit.memory.SharedBudgetProbe`
+            does); ``None`` otherwise.
 
     Raises:
-        TypeError: if ``total`` or ``free`` is not an integer.
-        ValueError: unless ``0 <= free <= total``.
+        TypeError: if ``total``, ``free`` or ``own`` is not an integer.
+        ValueError: unless ``0 <= free <= total`` and ``own >= 0``.
 
     Example:
         >>> reading = MemoryReading(total=1000, free=250, source="scripted")
@@ -96,6 +100,7 @@ class MemoryReading:
     total: int
     free: int
     source: str
+    own: int | None = None
 
     def __post_init__(self) -> None:
         total = _as_bytes("MemoryReading.total", self.total)
@@ -104,6 +109,11 @@ class MemoryReading:
             raise ValueError(f"MemoryReading needs 0 <= free <= total, got free={free}, total={total}")
         object.__setattr__(self, "total", total)
         object.__setattr__(self, "free", free)
+        if self.own is not None:
+            own = _as_bytes("MemoryReading.own", self.own)
+            if own < 0:
+                raise ValueError(f"MemoryReading.own must be at least 0, got {own}")
+            object.__setattr__(self, "own", own)
 
     @property
     def used(self) -> int:
@@ -332,7 +342,7 @@ class NVMLProbe(MemoryProbe):
     Example:
         >>> probe = NVMLProbe("cuda:0")  # doctest: +SKIP
         >>> probe.read()  # doctest: +SKIP
-        MemoryReading(total=85520809984, free=60129542144, source='nvml')
+        MemoryReading(total=85520809984, free=60129542144, source='nvml', own=None)
         >>> probe.close()  # doctest: +SKIP
     """
 

@@ -121,3 +121,42 @@ def test_releases_never_go_below_an_oom_compression() -> None:
     retry = ctl.on_oom(0.2)
     assert retry == pytest.approx(0.5) and ctl.oom_floor == pytest.approx(0.5)
     assert set(_run(ctl, [900] * 30, start=retry)) == {0.5}
+
+
+def test_extrapolation_uses_the_whole_span_not_two_noisy_neighbours() -> None:
+    model = MemoryModel(smoothing=1.0)
+    model.observe(0.0, 1000)
+    model.observe(0.52, 792)
+    model.observe(0.53, 793)  # measurement noise: the last two points alone say "memory grows"
+    slope = (793 - 1000) / 0.53
+    assert model.predict(0.7) == pytest.approx(793 + slope * 0.17)
+    assert model.predict(0.3) == pytest.approx(1000 - 208 * 0.3 / 0.52)  # between points: interpolated
+
+
+def test_a_model_whose_memory_does_not_fall_predicts_nothing() -> None:
+    model = MemoryModel(smoothing=1.0)
+    model.observe(0.0, 500)
+    model.observe(0.5, 520)
+    assert model.predict(0.25) is None and model.predict(0.9) is None
+
+
+def test_noisy_neighbours_no_longer_force_a_raise_step_overshoot() -> None:
+    # seen in the multi-tenant benchmark: points at 0.52 and 0.53 a hair apart made the
+    # extrapolated saving vanish, so a 1-MiB deficit fell back to a 0.2 raise_step
+    ctl = CompressionController(min_free=100, release_free=400, raise_step=0.2, margin=0.0)
+    ctl.model.observe(0.0, 1000)
+    ctl.model.observe(0.52, 792)
+    ctl.model.observe(0.53, 793)
+    decision = ctl.decide(MemoryReading(total=TOTAL, free=90, source="scripted"), 0.53)
+    assert decision.reason == "raise" and 0.53 < decision.compression <= 0.6
+
+
+def test_release_jumps_to_the_least_compression_predicted_to_keep_release_free() -> None:
+    ctl = CompressionController(min_free=100, release_free=400, lower_step=0.05, release_checks=1, cooldown_checks=0)
+    ctl.model.observe(0.0, 1000)
+    ctl.model.observe(0.8, 200)
+    decision = ctl.decide(MemoryReading(total=TOTAL, free=900, source="scripted"), 0.8)
+    # 500 bytes spare above release_free -> 0.5 of compression given back in one release, not 0.05
+    assert decision.reason == "lower" and decision.compression == pytest.approx(0.3)
+    # and the predicted free memory after it is release_free: well above min_free
+    assert 900 - (ctl.model.predict(0.3) - ctl.model.predict(0.8)) == pytest.approx(400)

@@ -516,6 +516,11 @@ def test_memory_reading() -> None:
         MemoryReading(total=8.0, free=1, source="nvml")  # type: ignore[arg-type]
     with pytest.raises(AttributeError):
         reading.free = 3  # type: ignore[misc]
+    assert reading.own is None and MemoryReading(total=8, free=2, source="budget", own=5).own == 5
+    with pytest.raises(ValueError, match="own must be at least 0, got -1"):
+        MemoryReading(total=8, free=2, source="budget", own=-1)
+    with pytest.raises(TypeError, match="own must be an integer number of bytes, got True"):
+        MemoryReading(total=8, free=2, source="budget", own=True)
 
 
 def test_exports() -> None:

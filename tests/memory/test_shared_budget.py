@@ -68,7 +68,7 @@ def test_ramp_trace_shape_and_checks() -> None:
 def test_shared_budget_probe_subtracts_both_and_clips_and_fails_as_unavailable() -> None:
     own, others = [100], [300]
     probe = SharedBudgetProbe(1000, own=lambda: own[0], others=lambda: others[0])
-    assert probe.read().free == 600
+    assert probe.read().free == 600 and probe.read().own == 100  # the job's own share, for the memory model
     others[0] = 950
     assert probe.read().free == 0  # overdrawn: clipped, never negative
 
@@ -134,6 +134,9 @@ def test_adaptive_callback_raises_compression_when_the_cotenant_eats_the_budget(
     assert compression[0] == 0.0 and max(compression) > 0.0  # raised while the co-tenant held the budget
     assert compression[-1] < max(compression)  # and given back after it left
     assert any(d["reason"] == "raise" for d in adaptive.decisions)
+    # the memory model learns the job's measured resident peak, the quantity the budget counts
+    by_step = {r["step"]: r["job_bytes"] for r in shared.timeline}
+    assert [d["job_peak_bytes"] for d in adaptive.decisions] == [by_step[d["step"]] for d in adaptive.decisions]
 
 
 def _result(timeline: list[dict]) -> JobResult:
