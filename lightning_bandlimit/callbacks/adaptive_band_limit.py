@@ -215,13 +215,14 @@ class AdaptiveBandLimit(BandLimit):
             self.controller.model.observe(self.compression, float(peak))
         decision = self.controller.decide(reading, self.compression)
         agreed = float(trainer.strategy.reduce(torch.tensor(decision.compression, dtype=torch.float64, device=self._device), reduce_op="max"))
+        if agreed != decision.compression:
+            self.controller.notify_change()  # another rank asked for more
         self._apply(trainer, pl_module, Decision(agreed, decision.reason, decision.free, decision.threshold), peak)
 
     def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: Decision, peak: int | None) -> None:
         previous = self.compression
         if decision.compression != previous:
             self.compression = decision.compression
-            self.controller.notify_change()
             if decision.compression > previous:
                 release_cached_memory(self._device)  # so the device (and NVML) sees the memory freed
             rank_zero_info(

@@ -5,8 +5,10 @@ check and, when known, the job's own peak memory at the compression it ran with:
 
 * **Pressure** (free below ``min_free``): raise the compression at once. With a learned
   memory-versus-compression relation it jumps to the least compression predicted to free the
-  missing bytes; without one (or when none is predicted to suffice) it steps up by
-  ``raise_step``.
+  missing bytes plus the *surprise*: how far free memory fell short of what the previous
+  decision predicted (a co-tenant still growing, or a model too optimistic), so a co-tenant
+  that grows steadily is met one check ahead. Without a relation (or when none is predicted
+  to suffice) it steps up by ``raise_step``.
 * **Hold** (free between ``min_free`` and ``release_free``): no change, the hysteresis band.
 * **Release** (free at or above ``release_free`` for ``release_checks`` checks in a row, and
   ``cooldown_checks`` checks after the last change): lower the compression to the least one
@@ -166,6 +168,7 @@ class CompressionController:
         self._calm = 0  # consecutive checks at or above release_free
         self._since_change = cooldown_checks  # a first release needs no cooldown
         self.oom_floor = min_compression  # releases never go below a compression that ran out of memory
+        self._expected_free: float | None = None  # free memory the last decision predicted
 
     def clamp(self, c: float) -> float:
         """``c`` within ``[min_compression, max_compression]``."""
@@ -186,12 +189,28 @@ class CompressionController:
 
     def decide(self, reading: MemoryReading, current: float) -> Decision:
         """The compression for the next steps, given a reading taken at ``current``."""
+        decision = self._decide(reading, current)
+        self._expected_free = self._predicted_free(reading.free, current, decision.compression)
+        return decision
+
+    def _predicted_free(self, free: int, current: float, target: float) -> float | None:
+        """Free memory expected at the next check if nothing else changes; ``None`` if unknown."""
+        if target == current:
+            return float(free)
+        now, then = self.model.predict(current), self.model.predict(target)
+        return None if now is None or then is None else free + now - then
+
+    def _decide(self, reading: MemoryReading, current: float) -> Decision:
         low = _bytes(self.min_free, reading.total)
         high = _bytes(self.release_free, reading.total)
         self._since_change += 1
+        # How far free memory fell short of what the previous decision expected: a co-tenant
+        # still growing, or a memory model too optimistic. Under pressure it is freed as well,
+        # so a steady ramp is met one check ahead rather than one check late.
+        surprise = 0.0 if self._expected_free is None else max(0.0, self._expected_free - reading.free)
         if reading.free < low:
             self._calm = 0
-            deficit = (low - reading.free) * (1 + self.margin)
+            deficit = (low - reading.free + surprise) * (1 + self.margin)
             target = self._least_fitting(current, deficit)
             if target is None or target <= current:
                 target = current + self.raise_step
@@ -209,9 +228,11 @@ class CompressionController:
         return self._change(self.clamp(min(target, current)), current, LOWER, reading.free, high)
 
     def notify_change(self) -> None:
-        """Restart the cooldown: a change was applied (e.g. one another rank asked for)."""
+        """Restart the cooldown: a change this controller did not decide was applied (e.g. one
+        another rank asked for, or an out-of-memory retry), so its last prediction no longer holds."""
         self._since_change = 0
         self._calm = 0
+        self._expected_free = None
 
     def on_oom(self, current: float) -> float:
         """The compression to retry an out-of-memory step with; releases never go below it again."""
@@ -233,6 +254,7 @@ class CompressionController:
             "calm": self._calm,
             "since_change": self._since_change,
             "oom_floor": self.oom_floor,
+            "expected_free": self._expected_free,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -240,3 +262,5 @@ class CompressionController:
         self._calm = int(state.get("calm", 0))
         self._since_change = int(state.get("since_change", self.cooldown_checks))
         self.oom_floor = float(state.get("oom_floor", self.min_compression))
+        expected = state.get("expected_free")
+        self._expected_free = None if expected is None else float(expected)

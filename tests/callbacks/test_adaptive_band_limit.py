@@ -35,7 +35,9 @@ def _callback(frees: list[int], **kwargs: object) -> AdaptiveBandLimit:
     defaults = dict(min_free=0.2, release_free=0.4, check_every_n_steps=1, raise_step=0.3,
                     lower_step=0.1, release_checks=2, cooldown_checks=1, max_compression=0.9)
     defaults.update(kwargs)
-    return AdaptiveBandLimit(probe=ScriptedProbe(free=frees, total=1000), **defaults)
+    # frees are thousandths of a 1-GiB device, so the job's learned memory (hundreds of KiB)
+    # is on the same scale as the thresholds
+    return AdaptiveBandLimit(probe=ScriptedProbe(free=[f * (GIB // 1000) for f in frees], total=GIB // 1000 * 1000), **defaults)
 
 
 def test_scripted_cotenant_raises_then_releases(tmp_path: Path) -> None:
