@@ -37,7 +37,8 @@ def _callback(frees: list[int], **kwargs: object) -> AdaptiveBandLimit:
     defaults.update(kwargs)
     # frees are thousandths of a 1-GiB device, so the job's learned memory (hundreds of KiB)
     # is on the same scale as the thresholds
-    return AdaptiveBandLimit(probe=ScriptedProbe(free=[f * (GIB // 1000) for f in frees], total=GIB // 1000 * 1000), **defaults)
+    unit = GIB // 1000
+    return AdaptiveBandLimit(probe=ScriptedProbe(free=[f * unit for f in frees], total=1000 * unit), **defaults)
 
 
 def test_scripted_cotenant_raises_then_releases(tmp_path: Path) -> None:

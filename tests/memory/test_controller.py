@@ -153,7 +153,9 @@ def test_noisy_neighbours_no_longer_force_a_raise_step_overshoot() -> None:
 
 
 def test_release_jumps_to_the_least_compression_predicted_to_keep_release_free() -> None:
-    ctl = CompressionController(min_free=100, release_free=400, lower_step=0.05, release_checks=1, cooldown_checks=0)
+    ctl = CompressionController(
+        min_free=100, release_free=400, lower_step=0.05, release_checks=1, cooldown_checks=0
+    )
     ctl.model.observe(0.0, 1000)
     ctl.model.observe(0.8, 200)
     decision = ctl.decide(MemoryReading(total=TOTAL, free=900, source="scripted"), 0.8)
@@ -182,7 +184,8 @@ def test_a_steady_ramp_is_met_before_the_job_overdraws() -> None:
         overdrawn += own + other > budget
         seen.append(c)
         ctl.model.observe(c, own)
-        c = ctl.decide(MemoryReading(total=budget, free=max(0, budget - own - other), source="budget"), c).compression
+        reading = MemoryReading(total=budget, free=max(0, budget - own - other), source="budget")
+        c = ctl.decide(reading, c).compression
     assert overdrawn == 0
     assert 0.4 <= max(seen) <= 0.75  # needed at the peak: 0.4, the first stair that keeps min_free
     assert seen[-1] == 0.0  # given back after the co-tenant left
