@@ -55,12 +55,12 @@ class AdaptiveBandLimit(BandLimit):
 
     **What it guarantees, and what it does not.** A co-tenant whose memory grows by less than
     ``min_free`` between two checks is met before the job overdraws: the check that sees free
-    memory below ``min_free`` raises the compression for the next step, as far as
-    ``max_compression`` can free and as far as its memory model predicts the saving right
-    (measured beside a real co-tenant that overdrew the plain job's budget at 28 of 96 steps:
-    0 over-budget steps in the main job; 0, 1 and 1 in three seeds of
-    ``benchmarks/multitenant.py``, where the co-tenant grew 8.4 MiB a step against a
-    ``min_free`` of 12 MiB and the model predicted more saving than the resident set showed).
+    memory below ``min_free`` raises the compression for the next step, far enough to free the
+    missing bytes plus the shortfall against its previous prediction (a co-tenant still
+    growing), as far as ``max_compression`` can free and as far as its memory model predicts
+    the saving right (measured beside a real co-tenant that overdrew the plain job's budget at
+    28 of 96 steps: 0 over-budget steps in each of three seeds of ``benchmarks/multitenant.py``,
+    with the co-tenant growing 8.4 MiB a step against a ``min_free`` of 12 MiB).
     It cannot help with memory compression does not free
     (parameters, optimizer state, the process's own base), a co-tenant that grows by more than
     ``min_free`` within one check interval (steps until the next check may overdraw), or an
