@@ -168,8 +168,8 @@ class AdaptiveBandLimit(BandLimit):
     @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         # global_step counts optimizer steps: this batch ends at global_step + 1.
-        if self.probe is None or not self._is_check_step(trainer.global_step + 1):
-            return
+        if self.probe is None or self.probe.measures_own or not self._is_check_step(trainer.global_step + 1):
+            return  # a probe that measures the job itself needs no meter on the step
         if self._device is not None and self._device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self._device)
         else:

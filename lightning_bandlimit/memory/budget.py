@@ -43,6 +43,7 @@ class SharedBudgetProbe(MemoryProbe):
     """
 
     source = "budget"
+    measures_own = True
 
     def __init__(self, budget: int, own: Callable[[], int], others: Callable[[], int]) -> None:
         budget = _as_bytes("budget", budget)

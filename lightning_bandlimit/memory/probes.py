@@ -139,7 +139,9 @@ class MemoryProbe(abc.ABC):
     """Reads the free memory of one device. A context manager: leaving it calls :meth:`close`.
 
     Subclasses set the class attribute ``source`` and implement :meth:`read`, which raises
-    :class:`ProbeUnavailable` (never anything else) when memory cannot be measured.
+    :class:`ProbeUnavailable` (never anything else) when memory cannot be measured. A probe
+    whose readings carry the job's own memory (:attr:`MemoryReading.own`) sets
+    ``measures_own = True``, so a caller need not measure the job itself.
 
     Example:
         >>> with ScriptedProbe([10], total=10) as probe:
@@ -150,6 +152,7 @@ class MemoryProbe(abc.ABC):
     """
 
     source: str = ""
+    measures_own: bool = False
     _closed: bool = False
 
     @abc.abstractmethod

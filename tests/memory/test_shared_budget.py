@@ -118,7 +118,13 @@ def test_shared_budget_must_come_before_the_adaptive_callback(tmp_path: Path) ->
         )
 
 
-def test_adaptive_callback_raises_compression_when_the_cotenant_eats_the_budget(tmp_path: Path) -> None:
+def test_adaptive_callback_raises_compression_when_the_cotenant_eats_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_meter(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the budget probe measures the job: no saved-tensor meter on the step")
+
+    monkeypatch.setattr("lightning_bandlimit.callbacks.adaptive_band_limit.SavedTensorMeter", no_meter)
     # A budget the job fits with 256 MiB to spare, and a co-tenant that takes all of it.
     trace = RampTrace(low=0, high=320 * MIB, start=0.3, ramp=0.1, leave=0.7)
     budget = resident_bytes() + 256 * MIB
