@@ -63,6 +63,7 @@ from torch import nn
 from torchattacks.attack import Attack
 
 from lightning_bandlimit.recipes.frequency_band import resolve_band
+from lightning_bandlimit.recipes.input_band import MODEL_BANDS, BandSubspace
 
 __all__ = [
     "ATTACKS",
@@ -78,6 +79,7 @@ __all__ = [
     "register_attack",
     "spec_band",
     "spec_band_name",
+    "spec_model_band",
     "spec_norm",
     "spec_options",
     "validate_attack_specs",
@@ -116,13 +118,18 @@ class AttackSpec:
         eps: the budgets to evaluate, each giving one point of the accuracy-vs-eps curve;
             numbers, or fractions written as strings (``"8/255"``, handy in YAML). Include 0 to
             run the eps = 0 sanity check.
-        band: the frequency band of a ``band_*`` attack: a name in
-            :data:`~lightning_bandlimit.recipes.frequency_band.BANDS` or ``[low, high]``
-            (default ``"high"``); must be ``None`` for the other attacks.
+        band: the frequency band of a ``band_*`` attack: a radial band (a name in
+            :data:`~lightning_bandlimit.recipes.frequency_band.BANDS` or ``[low, high]``,
+            default ``"high"``), or a band defined by a model's input layer: ``"dropped"`` (what
+            it ignores) or ``"kept"`` (its box), see :mod:`~lightning_bandlimit.recipes.input_band`;
+            must be ``None`` for the other attacks.
         options: constructor arguments overriding the entry's full-strength defaults (e.g.
             ``{"steps": 20}``); the accepted names are the keys of the entry's ``defaults``.
         label: the name used in the report (default: ``name``, plus the band for band attacks);
             labels must be unique within an evaluation.
+        band_of: for ``band: dropped | kept``, the evaluated model (or variant) whose input layer
+            defines the band, applied to every model so that all face the same perturbations;
+            default: the one band-limited model of the evaluation.
 
     Raises:
         ValueError: if an ``eps`` is neither a number nor a fraction string.
@@ -140,6 +147,7 @@ class AttackSpec:
     band: str | list[float] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     label: str | None = None
+    band_of: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.eps, (int, float, str)):
@@ -162,6 +170,8 @@ class AttackSpec:
             return self.name
         if self.band is None or isinstance(self.band, str):
             band = self.band or "high"
+            if self.band_of and band in MODEL_BANDS:
+                band = f"{band}@{self.band_of}"
         else:
             band = "-".join(f"{float(b):g}" for b in self.band)
         return f"{self.name}[{band}]"
@@ -518,7 +528,7 @@ def attack_names() -> list[str]:
 
 
 def _band_of(spec: AttackSpec, info: AttackInfo) -> tuple[float, float] | None:
-    if not info.banded:
+    if not info.banded or spec.band in MODEL_BANDS:
         return None
     return resolve_band("high" if spec.band is None else spec.band)  # type: ignore[arg-type]
 
@@ -528,7 +538,8 @@ def _options(spec: AttackSpec, info: AttackInfo) -> dict[str, Any]:
 
 
 def spec_band(spec: AttackSpec) -> tuple[float, float] | None:
-    """The resolved ``(low, high)`` band of a band attack (default ``"high"``), else ``None``.
+    """The resolved radial ``(low, high)`` band of a band attack (default ``"high"``), else ``None``
+    (also for a model's band, see :func:`spec_model_band`).
 
     Raises:
         ValueError: for an unknown attack name or an invalid band.
@@ -538,6 +549,16 @@ def spec_band(spec: AttackSpec) -> tuple[float, float] | None:
         ((0.5, 1.0), None)
     """
     return _band_of(spec, _info(spec))
+
+
+def spec_model_band(spec: AttackSpec) -> str | None:
+    """``"dropped"`` or ``"kept"`` when the band is defined by a model's input layer, else ``None``.
+
+    Example:
+        >>> spec_model_band(AttackSpec("band_noise", eps=[0.1], band="dropped"))
+        'dropped'
+    """
+    return spec.band if _info(spec).banded and spec.band in MODEL_BANDS else None  # type: ignore[return-value]
 
 
 def spec_band_name(spec: AttackSpec) -> str | None:
@@ -635,8 +656,16 @@ def validate_attack_specs(specs: Sequence[AttackSpec | Mapping[str, Any]]) -> li
             raise ValueError(
                 f"attack {spec.key!r}: an L-inf eps above 1 exceeds the [0, 1] image range, got {max(eps)}"
             )
+        if spec.band_of is not None and (not isinstance(spec.band_of, str) or spec.band not in MODEL_BANDS):
+            raise ValueError(
+                f"attack {spec.key!r}: band_of names the model whose band is {list(MODEL_BANDS)}, so it needs "
+                f"band: dropped or kept and a model name, got band={spec.band!r}, band_of={spec.band_of!r}"
+            )
         if info.banded:
-            _band_of(spec, info)  # raises ValueError for a bad band (listing the names)
+            try:
+                _band_of(spec, info)
+            except ValueError as error:  # name the model bands too
+                raise ValueError(f"{error}; or a model's band: {', '.join(MODEL_BANDS)}") from None
         elif spec.band is not None:
             raise ValueError(
                 f"attack {spec.name!r} takes no band (band attacks: "
@@ -652,7 +681,15 @@ def validate_attack_specs(specs: Sequence[AttackSpec | Mapping[str, Any]]) -> li
     return checked
 
 
-def build_attack(spec: AttackSpec, model: nn.Module, eps: float, *, num_classes: int, seed: int) -> Attack:
+def build_attack(
+    spec: AttackSpec,
+    model: nn.Module,
+    eps: float,
+    *,
+    num_classes: int,
+    seed: int,
+    subspace: BandSubspace | None = None,
+) -> Attack:
     """Build the configured torchattacks attack of ``spec`` for one budget.
 
     Args:
@@ -661,9 +698,12 @@ def build_attack(spec: AttackSpec, model: nn.Module, eps: float, *, num_classes:
         eps: the budget (ignored by minimum-norm attacks, see :attr:`AttackInfo.minimum_norm`).
         num_classes: the model's number of output logits.
         seed: the run's seed (see :func:`derive_seed`), passed to attacks that take one.
+        subspace: for ``band: dropped | kept``, that part of the source model's
+            :class:`~lightning_bandlimit.recipes.input_band.InputBand`.
 
     Raises:
-        ValueError: for an unknown name or an option out of range.
+        ValueError: for an unknown name, an option out of range, or a model band without its
+            ``subspace`` (or of another part).
 
     Example:
         >>> model = nn.Sequential(nn.Flatten(), nn.Linear(12, 10)).eval()
@@ -673,11 +713,20 @@ def build_attack(spec: AttackSpec, model: nn.Module, eps: float, *, num_classes:
         [('APGD', 100, 3), ('APGDT', 100, 3), ('FAB', 100, 3), ('Square', None, 3)]
     """
     info = _info(spec)
+    band: tuple[float, float] | BandSubspace | None = _band_of(spec, info)
+    part = spec_model_band(spec)
+    if part is not None:
+        if not isinstance(subspace, BandSubspace) or subspace.part != part:
+            raise ValueError(
+                f"attack {spec.key!r}: band {part!r} is a model's; expected the subspace "
+                f"InputBand.{part} of its source model, got {subspace!r}"
+            )
+        band = subspace
     return info.build(
         model,
         float(eps),
         num_classes=int(num_classes),
         seed=int(seed),
-        band=_band_of(spec, info),
+        band=band,
         options=_options(spec, info),
     )

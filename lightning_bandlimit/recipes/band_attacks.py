@@ -29,15 +29,21 @@ band is trivially "robust" to attacks confined to it.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torchattacks.attack import Attack
 
 from lightning_bandlimit.recipes.frequency_band import band_project, resolve_band
+from lightning_bandlimit.recipes.input_band import BandSubspace
 
 __all__ = ["BandNoise", "BandPGD"]
+
+#: A radial band (name or ``(low, high)``) or a model-derived :class:`BandSubspace`.
+Band = str | tuple[float, float] | BandSubspace
 
 NORMS = ("Linf", "L2")
 DISTRIBUTIONS = ("gaussian", "uniform")
@@ -70,6 +76,14 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
     return value
+
+
+def _resolve(band: Band) -> tuple[tuple[float, float] | BandSubspace, Callable[[torch.Tensor], torch.Tensor], bool]:
+    """(the band as recorded, its exact projection, whether it is the whole spectrum)."""
+    if isinstance(band, BandSubspace):
+        return band, band.project, band.is_full
+    resolved = resolve_band(band)
+    return resolved, functools.partial(band_project, band=resolved), resolved == FULL_BAND
 
 
 def _check_images(images: torch.Tensor) -> None:
@@ -145,24 +159,24 @@ class _Constraints:
     whose projection is exact.
     """
 
-    def __init__(self, images: torch.Tensor, eps: float, norm: str, band: tuple[float, float]) -> None:
-        self.eps, self.norm, self.band = eps, norm, band
+    def __init__(
+        self, images: torch.Tensor, eps: float, norm: str, project: Callable[[torch.Tensor], torch.Tensor], full: bool
+    ) -> None:
+        self.eps, self.norm, self.project = eps, norm, project
         if norm == "Linf":
             self.lower, self.upper = -images.clamp(max=eps), (1.0 - images).clamp(max=eps)
-            margin = 0.0 if band == FULL_BAND else _BOX_MARGIN * min(eps, 1.0)
+            margin = 0.0 if full else _BOX_MARGIN * min(eps, 1.0)
             self.target_lower = self.lower + margin * (images < eps)
             self.target_upper = self.upper - margin * (images > 1.0 - eps)
         else:
             self.lower, self.upper = -images, 1.0 - images
-            margin = 0.0 if band == FULL_BAND else min(_BOX_MARGIN * eps / math.sqrt(images[0].numel()), 0.25)
+            margin = 0.0 if full else min(_BOX_MARGIN * eps / math.sqrt(images[0].numel()), 0.25)
             self.target_lower, self.target_upper = self.lower + margin, self.upper - margin
 
     def alternate(self, delta: torch.Tensor, rounds: int) -> torch.Tensor:
         """Alternate clipping to the target box and projecting to the band (and the L2 ball)."""
         for _ in range(rounds):
-            delta = band_project(
-                torch.maximum(torch.minimum(delta, self.target_upper), self.target_lower), self.band
-            )
+            delta = self.project(torch.maximum(torch.minimum(delta, self.target_upper), self.target_lower))
             if self.norm == "L2":
                 delta = _scale_into_ball(delta, "L2", self.eps)
         return delta
@@ -195,8 +209,10 @@ class BandPGD(Attack):
         eps: perturbation budget in ``norm``; 0 returns the inputs unchanged.
         alpha: step size (``Linf``: of the projected sign step; ``L2``: L2 length of the step).
         steps: number of gradient steps (0 returns the random start, or the inputs without one).
-        band: ``(low, high)`` in normalised radial frequency or a name in
-            :data:`~lightning_bandlimit.recipes.frequency_band.BANDS`; recorded as :attr:`band`.
+        band: ``(low, high)`` in normalised radial frequency, a name in
+            :data:`~lightning_bandlimit.recipes.frequency_band.BANDS`, or a model's
+            :class:`~lightning_bandlimit.recipes.input_band.BandSubspace` (``band.dropped``:
+            what its input layer ignores); recorded as :attr:`band`.
         norm: ``"Linf"`` or ``"L2"``.
         random_start: start from band-limited noise scaled to a uniform random fraction of eps.
         projection_rounds: clip/band-project alternations per step before the exact line
@@ -238,12 +254,13 @@ class BandPGD(Attack):
         eps = _check_real("eps", eps)
         alpha = _check_real("alpha", alpha, positive=True)
         steps = _check_count("steps", steps)
-        resolved = resolve_band(band)
+        resolved, project, full = _resolve(band)
         norm = _check_choice("norm", norm, NORMS)
         if not isinstance(random_start, bool):
             raise ValueError(f"random_start must be a bool, got {random_start!r}")
         projection_rounds = _check_count("projection_rounds", projection_rounds)
         super().__init__("BandPGD", model)
+        self._project, self._full = project, full
         self.eps = eps
         self.alpha = alpha
         self.steps = steps
@@ -263,14 +280,14 @@ class BandPGD(Attack):
             return images
         if self.targeted:
             target_labels = self.get_target_label(images, labels)
-        constraints = _Constraints(images, self.eps, self.norm, self.band)
+        constraints = _Constraints(images, self.eps, self.norm, self._project, self._full)
         loss = nn.CrossEntropyLoss()
 
         delta = torch.zeros_like(images)
         if self.random_start:
             noise = torch.rand_like(images) * 2 - 1 if self.norm == "Linf" else torch.randn_like(images)
             radius = torch.rand(len(images), device=device, dtype=images.dtype) * self.eps
-            candidate = _scale_to(band_project(noise, self.band), self.norm, radius)
+            candidate = _scale_to(self._project(noise), self.norm, radius)
             delta = constraints.feasible_step(candidate, delta, self.projection_rounds)
 
         noise_floor = 100.0 * torch.finfo(images.dtype).eps
@@ -279,12 +296,12 @@ class BandPGD(Attack):
             outputs = self.get_logits(adv)
             cost = -loss(outputs, target_labels) if self.targeted else loss(outputs, labels)
             grad = torch.autograd.grad(cost, adv, retain_graph=False, create_graph=False)[0]
-            projected = band_project(grad, self.band)
+            projected = self._project(grad)
             size = _norm(projected, "L2")
             signal = size > noise_floor * _norm(grad, "L2")
             projected = projected * _per_sample(signal, projected)
             if self.norm == "Linf":
-                step = band_project(projected.sign(), self.band)
+                step = self._project(projected.sign())
             else:
                 step = _scale_to(projected, "L2", 1.0)
             delta = constraints.feasible_step(delta + self.alpha * step, delta, self.projection_rounds)
@@ -311,8 +328,10 @@ class BandNoise(Attack):
     Args:
         model: classifier (only used by torchattacks' bookkeeping, e.g. its device).
         eps: noise budget in ``norm``; 0 returns the inputs unchanged.
-        band: ``(low, high)`` in normalised radial frequency or a name in
-            :data:`~lightning_bandlimit.recipes.frequency_band.BANDS`; recorded as :attr:`band`.
+        band: ``(low, high)`` in normalised radial frequency, a name in
+            :data:`~lightning_bandlimit.recipes.frequency_band.BANDS`, or a model's
+            :class:`~lightning_bandlimit.recipes.input_band.BandSubspace` (``band.dropped``:
+            what its input layer ignores); recorded as :attr:`band`.
         norm: ``"Linf"`` or ``"L2"``.
         distribution: ``"gaussian"`` (standard normal) or ``"uniform"`` (on ``[-1, 1]``) before the
             band projection.
@@ -348,13 +367,14 @@ class BandNoise(Attack):
         projection_rounds: int = 20,
     ) -> None:
         eps = _check_real("eps", eps)
-        resolved = resolve_band(band)
+        resolved, project, full = _resolve(band)
         norm = _check_choice("norm", norm, NORMS)
         distribution = _check_choice("distribution", distribution, DISTRIBUTIONS)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be None or a non-negative integer, got {seed!r}")
         projection_rounds = _check_count("projection_rounds", projection_rounds)
         super().__init__("BandNoise", model)
+        self._project, self._full = project, full
         self.eps = eps
         self.band = resolved
         self.norm = norm
@@ -384,8 +404,8 @@ class BandNoise(Attack):
             noise = torch.randn(shape, generator=generator, device=images.device, dtype=dtype)
         else:
             noise = torch.rand(shape, generator=generator, device=images.device, dtype=dtype) * 2 - 1
-        raw = _scale_to(band_project(noise, self.band), self.norm, self.eps)
-        constraints = _Constraints(images, self.eps, self.norm, self.band)
+        raw = _scale_to(self._project(noise), self.norm, self.eps)
+        constraints = _Constraints(images, self.eps, self.norm, self._project, self._full)
         fit = _box_scale(raw, constraints.lower, constraints.upper)
         delta = raw * _per_sample(fit, raw)
         if bool((fit < 1.0).any()):

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-__all__ = ["fourier_basis", "fourier_heat_map", "save_heat_map"]
+__all__ = ["fourier_basis", "fourier_heat_map", "save_heat_map", "save_heat_map_difference"]
 
 
 def _check_bin(height: int, width: int, i: int, j: int) -> None:
@@ -280,3 +280,97 @@ def save_heat_map(
         npy_path = Path(npy_path)
         npy_path.parent.mkdir(parents=True, exist_ok=True)
         np.save(npy_path, array)
+
+
+def _extent(height: int, width: int) -> tuple[float, float, float, float]:
+    fy = np.fft.fftshift(np.fft.fftfreq(height))
+    fx = np.fft.fftshift(np.fft.fftfreq(width))
+    dy, dx = 1.0 / height, 1.0 / width
+    return (fx[0] - dx / 2, fx[-1] + dx / 2, fy[0] - dy / 2, fy[-1] + dy / 2)
+
+
+def save_heat_map_difference(
+    limited: torch.Tensor,
+    full: torch.Tensor,
+    png_path: str | PathLike[str],
+    *,
+    names: tuple[str, str] = ("band-limited", "full-spectrum"),
+    box: tuple[float, float] | None = None,
+    title: str = "",
+) -> Path:
+    """Two centred heat maps and their difference (first minus second), with the kept box drawn.
+
+    Three panels: ``limited``, ``full`` (error rate, 0..1) and ``limited - full`` (a diverging
+    scale, -1..1: red where the band-limited model errs more). ``box = (f_h, f_w)`` in
+    cycles/pixel (:attr:`~lightning_bandlimit.recipes.input_band.InputBand.box`) is drawn on
+    every panel as the rectangle ``|f_y| <= f_h, |f_x| <= f_w``: the frequencies the band-limited
+    model's input layer keeps.
+
+    Args:
+        limited: ``(H, W)`` centred map of the band-limited model (e.g. a mean over seeds).
+        full: ``(H, W)`` centred map of the full-spectrum model.
+        png_path: where to write the figure (parents are created).
+        names: the two models' names, for the panel titles.
+        box: the kept box, or ``None`` to draw none.
+        title: the figure title.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: if the maps are not two 2-D tensors of one shape.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> a, b = torch.rand(8, 8), torch.rand(8, 8)
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     save_heat_map_difference(a, b, pathlib.Path(tmp) / "d.png", box=(0.25, 0.25)).stat().st_size > 0
+        True
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    if (
+        not isinstance(limited, torch.Tensor)
+        or not isinstance(full, torch.Tensor)
+        or limited.dim() != 2
+        or limited.shape != full.shape
+    ):
+        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (limited, full)]
+        raise ValueError(f"expected two 2-D heat maps (H, W) of one shape, got {shapes[0]} and {shapes[1]}")
+    maps = [limited.detach().cpu().double().numpy(), full.detach().cpu().double().numpy()]
+    maps.append(maps[0] - maps[1])
+    extent = _extent(*maps[0].shape)
+    figure = Figure(figsize=(13.0, 4.2))
+    FigureCanvasAgg(figure)
+    panels = [
+        (maps[0], f"{names[0]}: error rate", "jet", 0.0, 1.0),
+        (maps[1], f"{names[1]}: error rate", "jet", 0.0, 1.0),
+        (maps[2], f"{names[0]} minus {names[1]}", "RdBu_r", -1.0, 1.0),
+    ]
+    for index, (array, label, cmap, low, high) in enumerate(panels):
+        axes = figure.add_subplot(1, 3, index + 1)
+        image = axes.imshow(
+            array, vmin=low, vmax=high, cmap=cmap, origin="lower", extent=extent, interpolation="nearest"
+        )
+        if box is not None:
+            axes.add_patch(
+                Rectangle(
+                    (-box[1], -box[0]), 2 * box[1], 2 * box[0], fill=False, edgecolor="black",
+                    linewidth=1.5, linestyle="--", label="kept box",
+                )
+            )
+            if index == 2:
+                axes.legend(loc="upper right", fontsize=7)
+        axes.set_title(label, fontsize=9)
+        axes.set_xlabel("$f_x$ (cycles/pixel)", fontsize=8)
+        axes.set_ylabel("$f_y$ (cycles/pixel)", fontsize=8)
+        figure.colorbar(image, ax=axes, fraction=0.046, pad=0.04)
+    if title:
+        figure.suptitle(title, fontsize=9)
+    figure.tight_layout()
+    png_path = Path(png_path)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(png_path, dpi=110)
+    return png_path

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -76,6 +77,10 @@ class RobustnessRecord:
         seconds: wall time of the run that produced it (a minimum-norm attack's single run is
             shared by all its budgets).
         seed: the run's seed.
+        variant: the variant the model is a replicate of (default: the model's name).
+        replicate: the replicate's index within its variant (e.g. its training seed's index).
+        band_source: for a model's band (``band_name`` ``"dropped"`` / ``"kept"``), the variant
+            whose input layer defines it.
     """
 
     model: str
@@ -99,6 +104,12 @@ class RobustnessRecord:
     max_linf: float
     seconds: float
     seed: int
+    variant: str = ""
+    replicate: int = 0
+    band_source: str | None = None
+
+    def __post_init__(self) -> None:
+        self.variant = self.variant or self.model
 
     @classmethod
     def fabricate(cls, model: str, attack: str, eps: float, **values: Any) -> RobustnessRecord:
@@ -163,6 +174,10 @@ class WorstCaseRecord:
         clean_accuracy: accuracy without attack.
         robust_correct: samples robust to all listed attacks.
         robust_accuracy: ``robust_correct / n``.
+        variant: the variant the model is a replicate of (default: the model's name).
+        replicate: the replicate's index within its variant.
+        band_name: the band's name (``"dropped"`` / ``"kept"`` for a model's band).
+        band_source: the variant whose input layer defines a model's band.
     """
 
     model: str
@@ -175,6 +190,13 @@ class WorstCaseRecord:
     clean_accuracy: float
     robust_correct: int
     robust_accuracy: float
+    variant: str = ""
+    replicate: int = 0
+    band_name: str | None = None
+    band_source: str | None = None
+
+    def __post_init__(self) -> None:
+        self.variant = self.variant or self.model
 
 
 def atomic_write(path: Path, writer: Callable[[io.TextIOBase], None] | str | bytes) -> Path:
@@ -313,14 +335,18 @@ def format_eps(eps: float, norm: str | None) -> str:
     return f"{eps:.4g}"
 
 
-def _band_text(band: Sequence[float] | None, band_name: str | None) -> str:
+def _band_text(band: Sequence[float] | None, band_name: str | None, source: str | None = None) -> str:
     if band is None:
+        if band_name in ("dropped", "kept"):
+            return f"{band_name} by {source}'s input layer" if source else f"{band_name} by the input layer"
         return ""
     span = f"{band[0]:g}-{band[1]:g}"
     return f"{band_name} ({span})" if band_name else span
 
 
-def threat_label(threat: str, band: Sequence[float] | None = None, band_name: str | None = None) -> str:
+def threat_label(
+    threat: str, band: Sequence[float] | None = None, band_name: str | None = None, source: str | None = None
+) -> str:
     """The threat column of the report, in words nobody can misread.
 
     Example:
@@ -328,13 +354,18 @@ def threat_label(threat: str, band: Sequence[float] | None = None, band_name: st
         'full-spectrum (adaptive white-box)'
         >>> threat_label("band-restricted white-box", [0.5, 1.0], "high")
         'band-restricted (white-box, band high (0.5-1))'
+        >>> threat_label("random noise", None, "dropped", "bl")
+        "random noise, band-restricted (dropped by bl's input layer)"
     """
+    text = _band_text(band, band_name, source)
     if threat == THREAT_FULL:
         return "full-spectrum (adaptive white-box)"
     if threat == THREAT_BAND:
-        return f"band-restricted (white-box, band {_band_text(band, band_name)})"
+        return f"band-restricted (white-box, band {text})"
     if threat == THREAT_NOISE:
-        return f"random noise, band-restricted ({_band_text(band, band_name)})" if band else "random noise"
+        if band is not None and list(band) == [0.0, 1.0]:
+            return "random noise, full spectrum"
+        return f"random noise, band-restricted ({text})" if text else "random noise"
     return threat
 
 
@@ -390,7 +421,7 @@ def summary_markdown(
                 [
                     r.model,
                     r.attack,
-                    threat_label(r.threat, r.band, r.band_name),
+                    threat_label(r.threat, r.band, r.band_name, r.band_source),
                     r.norm or "-",
                     format_eps(r.eps, r.norm),
                     f"{r.clean_accuracy:.3f}",
@@ -436,7 +467,7 @@ def summary_markdown(
                         w.model,
                         w.norm,
                         format_eps(w.eps, w.norm),
-                        _band_text(w.band, None),
+                        _band_text(w.band, w.band_name, w.band_source),
                         f"{w.clean_accuracy:.3f}",
                         f"{w.robust_accuracy:.3f}",
                         ", ".join(w.attacks),
@@ -467,7 +498,10 @@ def summary_markdown(
 
 
 def plot_accuracy_vs_eps(records: Sequence[RobustnessRecord], path: Path, *, title: str = "") -> Path:
-    """Accuracy vs eps: one subplot per attack (and band), one curve per model; saved atomically.
+    """Accuracy vs eps: one subplot per attack (and band), one curve per variant; saved atomically.
+
+    A variant with several replicates is drawn as the mean over them with +- one standard
+    deviation as error bars.
 
     Args:
         records: the records to plot.
@@ -487,7 +521,7 @@ def plot_accuracy_vs_eps(records: Sequence[RobustnessRecord], path: Path, *, tit
     panels: dict[str, list[RobustnessRecord]] = {}
     for r in sorted(records, key=lambda r: (r.threat != THREAT_FULL, r.threat, r.attack)):
         panels.setdefault(r.attack, []).append(r)
-    models = sorted({r.model for r in records})
+    models = sorted({r.variant for r in records})
     count = max(1, len(panels))
     columns = min(3, count)
     rows = math.ceil(count / columns)
@@ -499,16 +533,20 @@ def plot_accuracy_vs_eps(records: Sequence[RobustnessRecord], path: Path, *, tit
         axes = figure.add_subplot(rows, columns, index + 1)
         first = panel[0]
         for model, colour in zip(models, colours):
-            curve = sorted((r for r in panel if r.model == model), key=lambda r: r.eps)
-            if curve:
-                axes.plot(
-                    [r.eps for r in curve],
-                    [r.robust_accuracy for r in curve],
-                    "o-",
-                    color=colour,
-                    label=model,
+            by_eps: dict[float, list[float]] = {}
+            for r in panel:
+                if r.variant == model:
+                    by_eps.setdefault(r.eps, []).append(r.robust_accuracy)
+            if by_eps:
+                eps = sorted(by_eps)
+                means = [statistics.fmean(by_eps[e]) for e in eps]
+                spread = [statistics.stdev(by_eps[e]) if len(by_eps[e]) > 1 else 0.0 for e in eps]
+                replicates = max(len(v) for v in by_eps.values())
+                axes.errorbar(
+                    eps, means, yerr=spread if replicates > 1 else None, fmt="o-", color=colour, capsize=2,
+                    label=model if replicates == 1 else f"{model} (mean +- std, {replicates})",
                 )
-        axes.set_title(f"{attack}\n{threat_label(first.threat, first.band, first.band_name)}", fontsize=8)
+        axes.set_title(f"{attack}\n{threat_label(first.threat, first.band, first.band_name, first.band_source)}", fontsize=8)
         axes.set_xlabel(f"eps ({first.norm or 'noise std'})", fontsize=8)
         axes.set_ylabel("accuracy", fontsize=8)
         axes.set_ylim(-0.03, 1.03)

@@ -79,10 +79,12 @@ from lightning_bandlimit.recipes.attack_suite import (
     derive_seed,
     spec_band,
     spec_band_name,
+    spec_model_band,
     spec_norm,
     spec_options,
     validate_attack_specs,
 )
+from lightning_bandlimit.recipes.input_band import BandSubspace, InputBand, input_band
 from lightning_bandlimit.recipes.report import (
     RobustnessRecord,
     WorstCaseRecord,
@@ -101,6 +103,7 @@ from lightning_bandlimit.recipes.sanity import (
     check_large_budget,
     check_monotonic,
 )
+from lightning_bandlimit.recipes.study import study_markdown
 from lightning_bandlimit.surgery import bandlimit, bandlimited_layers
 
 __all__ = [
@@ -301,6 +304,85 @@ class _Model:
     source: str
     num_classes: int = 0
     band_limit: list[dict[str, Any]] = field(default_factory=list)
+    variant: str = ""
+    replicate: int = 0
+    band: InputBand | None = None
+    band_error: str | None = None  # why no input band could be derived
+
+
+Source = nn.Module | str | Path
+
+
+def _replicates(models: Mapping[str, Source | Sequence[Source]]) -> list[tuple[str, str, int, Source]]:
+    """``(model name, variant, replicate, source)``: a list of sources is a variant's replicates."""
+    out = []
+    for variant, sources in models.items():
+        if isinstance(sources, (list, tuple)):
+            if not sources:
+                raise ValueError(f"expected at least one checkpoint or module for variant {variant!r}, got none")
+            out += [(f"{variant}#{i}", variant, i, source) for i, source in enumerate(sources)]
+        else:
+            out.append((variant, variant, 0, sources))
+    return out
+
+
+def _derive_bands(evaluated: Sequence[_Model], probe: torch.Tensor) -> None:
+    """Each model's input band (``None`` with the reason when it has none, e.g. no Conv2d)."""
+    for model in evaluated:
+        try:
+            model.band = input_band(model.module, tuple(probe.shape[1:]), name=model.name, probe=probe[:2])
+        except ValueError as error:
+            model.band, model.band_error = None, str(error)
+
+
+def _band_limited_variants(evaluated: Sequence[_Model]) -> list[str]:
+    variants = []
+    for model in evaluated:
+        if model.band is not None and not model.band.dropped.is_empty and model.variant not in variants:
+            variants.append(model.variant)
+    return variants
+
+
+def _resolve_subspaces(specs: Sequence[AttackSpec], evaluated: Sequence[_Model]) -> dict[str, BandSubspace]:
+    """attack key -> the subspace of its ``band: dropped | kept`` (the same for every model)."""
+    variants = list(dict.fromkeys(m.variant for m in evaluated))
+    limited = _band_limited_variants(evaluated)
+    out: dict[str, BandSubspace] = {}
+    for spec in specs:
+        part = spec_model_band(spec)
+        if part is None:
+            continue
+        source = spec.band_of
+        if source is None:
+            if len(limited) != 1:
+                raise ValueError(
+                    f"attack {spec.key!r}: band {part!r} needs its source model; expected band_of: one of "
+                    f"{variants}, got no band_of and {len(limited)} band-limited variants {limited}"
+                )
+            source = limited[0]
+        if source not in variants:
+            raise ValueError(f"attack {spec.key!r}: expected band_of to name an evaluated model, one of {variants}, "
+                             f"got {source!r}")
+        members = [m for m in evaluated if m.variant == source]
+        for m in members:
+            if m.band is None:
+                raise ValueError(f"attack {spec.key!r}: the band of {m.name!r} cannot be derived: {m.band_error}")
+        band = members[0].band
+        assert band is not None
+        different = [m.name for m in members[1:] if not band.same_as(m.band)]  # type: ignore[arg-type]
+        if different:
+            raise ValueError(
+                f"attack {spec.key!r}: expected the replicates of {source!r} to share one input band, got "
+                f"{different} differing from {members[0].name!r}"
+            )
+        subspace = band.part(part)
+        if subspace.is_empty:
+            raise ValueError(
+                f"attack {spec.key!r}: the {part} band of {source!r} is empty ({band.describe()} keeps every "
+                "frequency); name a band-limited model with band_of"
+            )
+        out[spec.key] = subspace
+    return out
 
 
 @dataclass
@@ -476,7 +558,7 @@ def _max(values: torch.Tensor) -> float:
 
 
 def evaluate_robustness(
-    models: Mapping[str, nn.Module | str | Path],
+    models: Mapping[str, Source | Sequence[Source]],
     data: pl.LightningDataModule | DataLoader,
     attacks: Sequence[AttackSpec | Mapping[str, Any]],
     output_dir: str | Path,
@@ -496,7 +578,9 @@ def evaluate_robustness(
 
     Args:
         models: name -> an ``nn.Module`` in eval mode (images in ``[0, 1]`` -> logits) or an
-            ``ImageClassifier`` checkpoint path (see :func:`load_classifier`).
+            ``ImageClassifier`` checkpoint path (see :func:`load_classifier`), or a list of them:
+            the replicates of one variant (e.g. one checkpoint per training seed), evaluated each
+            as ``name#i`` and reported as mean +- std with paired differences between variants.
         data: a LightningDataModule (its test set) or a DataLoader of ``(images, labels)``.
         attacks: the attacks (:class:`~lightning_bandlimit.recipes.attack_suite.AttackSpec` or
             mappings of its fields), each with its list of budgets.
@@ -575,7 +659,7 @@ def evaluate_robustness(
                 "output_dir"
             )
         evaluated: list[_Model] = []
-        for name, source in models.items():
+        for name, variant, replicate, source in _replicates(models):
             if isinstance(source, nn.Module):
                 module, states = load_classifier(source, target), []
             else:
@@ -593,6 +677,8 @@ def evaluate_robustness(
                     if not isinstance(source, nn.Module)
                     else f"nn.Module {type(source).__name__}",
                     band_limit=states,
+                    variant=variant,
+                    replicate=replicate,
                 )
             )
         batches = _read_data(data, limit, seed)
@@ -611,9 +697,14 @@ def evaluate_robustness(
                     "non-differentiable parts in a straight-through estimator (BPDA) or run noise attacks "
                     "only"
                 )
+        _derive_bands(evaluated, probe_x)
+        subspaces = _resolve_subspaces(specs, evaluated)
+        for model in evaluated:
             for spec in specs:  # construction only: surfaces bad option values
                 for eps in spec.eps:
-                    build_attack(spec, model.module, eps, num_classes=model.num_classes, seed=0)
+                    build_attack(
+                        spec, model.module, eps, num_classes=model.num_classes, seed=0, subspace=subspaces.get(spec.key)
+                    )
         if heat_map:
             from lightning_bandlimit.recipes.fourier_heatmap import fourier_heat_map, save_heat_map
 
@@ -633,6 +724,17 @@ def evaluate_robustness(
                     "num_classes": m.num_classes,
                     "band_limit": m.band_limit,
                     "band_limited_layers": sum(1 for _ in bandlimited_layers(m.module)),
+                    "variant": m.variant,
+                    "replicate": m.replicate,
+                    "input_band": None
+                    if m.band is None
+                    else {
+                        "layer": m.band.layer,
+                        "compression": m.band.compression,
+                        "kept_dims": m.band.kept.dims,
+                        "dropped_dims": m.band.dropped.dims,
+                        "box_cycles_per_pixel": list(m.band.box),
+                    },
                 }
                 for m in evaluated
             },
@@ -644,6 +746,7 @@ def evaluate_robustness(
                     "norm": spec_norm(s),
                     "threat": ATTACKS[s.name].threat,
                     "band_resolved": spec_band(s),
+                    "band_source": subspaces[s.key].band.describe() if s.key in subspaces else None,
                     "options_resolved": spec_options(s),
                 }
                 for s in specs
@@ -685,7 +788,8 @@ def evaluate_robustness(
             with _frozen(m.module for m in evaluated):
                 for model in evaluated:
                     _evaluate_model(
-                        model, specs, batches, seed, target, records, worst, checks, save, bar, sanity_samples
+                        model, specs, batches, seed, target, records, worst, checks, save, bar, sanity_samples,
+                        subspaces,
                     )
                 bar.close()
                 for model in evaluated:
@@ -728,7 +832,20 @@ def evaluate_robustness(
                 ),
                 "Models: " + "; ".join(f"{m.name} ({_model_note(m)})" for m in evaluated),
             ]
-            summary = summary_markdown(records, worst, checks, notes=notes)
+            limited_variants = _band_limited_variants(evaluated)
+            other_variants = [v for v in dict.fromkeys(m.variant for m in evaluated) if v not in limited_variants]
+            pair = (
+                (limited_variants[0], other_variants[0])
+                if len(limited_variants) == 1 and len(other_variants) == 1
+                else (None, None)
+            )
+            if heat_map and pair[0] is not None:
+                paths["heat_map_difference"] = _heat_map_difference(
+                    evaluated, heat_maps, output_dir, *pair, eps=heat_map_eps  # type: ignore[arg-type]
+                )
+            summary = summary_markdown(records, worst, checks, notes=notes) + "\n" + study_markdown(
+                records, worst, *pair
+            )
             paths["plot"] = plot_accuracy_vs_eps(
                 records,
                 output_dir / "accuracy_vs_eps.png",
@@ -748,6 +865,30 @@ def evaluate_robustness(
     if strict and not report.passed:
         raise SanityCheckError(report.failed_checks, str(output_dir))
     return report
+
+
+def _heat_map_difference(
+    evaluated: Sequence[_Model], heat_maps: Sequence[Mapping[str, Any]], output_dir: Path, limited: str, full: str,
+    *, eps: float,
+) -> Path:
+    """Mean heat map per variant, and the band-limited minus full-spectrum difference with the kept box."""
+    import numpy as np
+
+    from lightning_bandlimit.recipes.fourier_heatmap import save_heat_map_difference
+
+    files = {entry["model"]: output_dir / entry["npy"] for entry in heat_maps}
+    means = {}
+    for variant in (limited, full):
+        members = [m.name for m in evaluated if m.variant == variant]
+        means[variant] = torch.from_numpy(np.mean([np.load(files[name]) for name in members], axis=0))
+    band = next(m.band for m in evaluated if m.variant == limited)
+    assert band is not None
+    path = output_dir / "heat_map_difference.png"
+    save_heat_map_difference(
+        means[limited], means[full], path, names=(limited, full), box=band.box,
+        title=f"Fourier heat maps, L2 {eps:g} (mean over replicates); box: {band.describe()}",
+    )
+    return path
 
 
 def _attack_batches(
@@ -782,6 +923,7 @@ def _evaluate_model(
     save: Any,
     bar: Any,
     sanity_samples: int,
+    subspaces: Mapping[str, BandSubspace],
 ) -> None:
     module = model.module
     with torch.no_grad():
@@ -824,7 +966,7 @@ def _evaluate_model(
                 norm=norm,
                 eps=eps,
                 band=list(band) if band else None,
-                band_name=spec_band_name(spec),
+                band_name=spec_band_name(spec) or spec_model_band(spec),
                 iterative=info.iterative,
                 n=n,
                 clean_correct=int(clean.sum()),
@@ -838,6 +980,9 @@ def _evaluate_model(
                 max_linf=_max(linf),
                 seconds=seconds,
                 seed=run_seed,
+                variant=model.variant,
+                replicate=model.replicate,
+                band_source=subspaces[spec.key].band.model if spec.key in subspaces else None,
             )
         )
         masks.append((spec, norm, eps, correct))
@@ -850,7 +995,8 @@ def _evaluate_model(
             bar.set_postfix_str(f"{model.name} {spec.key}", refresh=False)
             with _seeded(device, run_seed):
                 attack = build_attack(
-                    spec, module, max(spec.eps), num_classes=model.num_classes, seed=run_seed
+                    spec, module, max(spec.eps), num_classes=model.num_classes, seed=run_seed,
+                    subspace=subspaces.get(spec.key),
                 )
                 run = _attack_batches(attack, module, batches, spec.key, bar)
             for eps in spec.eps:
@@ -870,48 +1016,57 @@ def _evaluate_model(
             run_seed = derive_seed(seed, spec.key, eps)
             bar.set_postfix_str(f"{model.name} {spec.key} eps={eps:.4g}", refresh=False)
             with _seeded(device, run_seed):
-                attack = build_attack(spec, module, eps, num_classes=model.num_classes, seed=run_seed)
+                attack = build_attack(
+                    spec, module, eps, num_classes=model.num_classes, seed=run_seed, subspace=subspaces.get(spec.key)
+                )
                 run = _attack_batches(attack, module, batches, spec.key, bar)
             add(spec, eps, run.correct, run.l2, run.linf, run.seconds, run_seed)
 
-    worst.extend(_worst_case(model.name, clean, clean_accuracy, masks))
+    worst.extend(_worst_case(model, clean, clean_accuracy, masks, subspaces))
     save()
 
 
 def _worst_case(
-    name: str,
+    model: _Model,
     clean: torch.Tensor,
     clean_accuracy: float,
     masks: Sequence[tuple[AttackSpec, str | None, float, torch.Tensor]],
+    subspaces: Mapping[str, BandSubspace],
 ) -> list[WorstCaseRecord]:
     groups: dict[tuple, list[tuple[AttackSpec, float, torch.Tensor]]] = {}
     for spec, norm, eps, correct in masks:
         threat = ATTACKS[spec.name].threat
         if threat not in (THREAT_FULL, THREAT_BAND) or norm is None:
             continue
-        band = spec_band(spec)
+        part = spec_model_band(spec)
+        band = (part, subspaces[spec.key].band.model) if part else spec_band(spec)
         groups.setdefault((threat != THREAT_FULL, norm, round(eps, 12), band), []).append(
             (spec, eps, correct)
         )
     out = []
     for (banded, norm, _, band), members in sorted(
-        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3] or ())
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], tuple(map(str, kv[0][3] or ())))
     ):
         robust = clean.clone()
         for _, _, correct in members:
             robust &= correct
+        model_band = band is not None and isinstance(band[0], str)
         out.append(
             WorstCaseRecord(
-                model=name,
+                model=model.name,
                 threat=THREAT_BAND if banded else THREAT_FULL,
                 norm=norm,
                 eps=members[0][1],
-                band=list(band) if band else None,
+                band=list(band) if band and not model_band else None,
                 attacks=[s.key for s, _, _ in members],
                 n=len(clean),
                 clean_accuracy=clean_accuracy,
                 robust_correct=int(robust.sum()),
                 robust_accuracy=_mean(robust.float()),
+                variant=model.variant,
+                replicate=model.replicate,
+                band_name=band[0] if model_band else None,
+                band_source=band[1] if model_band else None,
             )
         )
     return out
