@@ -10,7 +10,7 @@ from lightning_bandlimit.main_job import main
 # 32 sanity samples (the recipe's default): with 8, one sample the 10-step model gets right by
 # luck under the large-budget PGD was 0.125 > chance and failed about one run in three.
 ATTACK = ["--limit", "32", "--heat_map_limit", "4", "--sanity_samples", "32", "--progress", "false",
-          "--data.init_args.test_size", "32", "--attacks", '[{name: fgsm, eps: [0, 0.03]}, {name: band_noise, eps: [0, 0.03], band: high}]']
+          "--data.init_args.test_size", "32", "--attacks", '[{name: fgsm, eps: [0, 0.03]}, {name: band_noise, eps: [0, 0.03], band: dropped}]']
 TINY = ["--trainer.max_epochs", "1", "--data.train_size", "160", "--data.val_size", "16",
         "--data.batch_size", "16", "--model.width", "4"]
 
@@ -44,6 +44,8 @@ def test_runs_the_multitenant_scenario_plain_then_memory_aware_and_attacks_both(
     records = json.loads((run_dir / "robustness" / "results.json").read_text())["records"]
     assert {r["model"] for r in records} == {"band-limited", "full-spectrum"}
     assert (run_dir / "robustness" / "summary.md").read_text().strip().splitlines()[0] in out
+    assert {r["band_source"] for r in records if r["attack_name"] == "band_noise"} == {"band-limited"}
+    assert "* **dropped-band noise** (Linf):" in out and "(1 seed: no interval)" in out
 
 
 def test_unknown_recipe_fails_before_any_work(tmp_path: Path) -> None:

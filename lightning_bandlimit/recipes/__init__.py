@@ -3,13 +3,21 @@
 ``robustness``: evaluate classifiers under adversarial and frequency-band attacks and write a
 side-by-side report (``lightning-bandlimit robustness``); its parts: the attack suite, the
 band-restricted threat models (:class:`BandPGD`, :class:`BandNoise`), the Fourier heat map and
-the sanity checks.
+the sanity checks; threat models in a model's own band (:func:`input_band`: what its input
+layer keeps and drops), and several checkpoints per variant with a computed verdict
+(:mod:`~lightning_bandlimit.recipes.study`).
 """
 
 from lightning_bandlimit.recipes.attack_suite import ATTACKS, AttackSpec, build_attack
 from lightning_bandlimit.recipes.band_attacks import BandNoise, BandPGD
-from lightning_bandlimit.recipes.fourier_heatmap import fourier_basis, fourier_heat_map, save_heat_map
+from lightning_bandlimit.recipes.fourier_heatmap import (
+    fourier_basis,
+    fourier_heat_map,
+    save_heat_map,
+    save_heat_map_difference,
+)
 from lightning_bandlimit.recipes.frequency_band import BANDS, band_mask, band_project
+from lightning_bandlimit.recipes.input_band import BandSubspace, InputBand, input_band
 from lightning_bandlimit.recipes.robustness import RobustnessReport, evaluate_robustness, load_classifier
 from lightning_bandlimit.recipes.sanity import SanityCheck, SanityCheckError
 
@@ -19,6 +27,8 @@ __all__ = [
     "AttackSpec",
     "BandNoise",
     "BandPGD",
+    "BandSubspace",
+    "InputBand",
     "RobustnessReport",
     "SanityCheck",
     "SanityCheckError",
@@ -28,6 +38,8 @@ __all__ = [
     "evaluate_robustness",
     "fourier_basis",
     "fourier_heat_map",
+    "input_band",
     "load_classifier",
     "save_heat_map",
+    "save_heat_map_difference",
 ]

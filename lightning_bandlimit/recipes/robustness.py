@@ -343,11 +343,15 @@ def _band_limited_variants(evaluated: Sequence[_Model]) -> list[str]:
     return variants
 
 
-def _resolve_subspaces(specs: Sequence[AttackSpec], evaluated: Sequence[_Model]) -> dict[str, BandSubspace]:
-    """attack key -> the subspace of its ``band: dropped | kept`` (the same for every model)."""
+def _resolve_subspaces(
+    specs: Sequence[AttackSpec], evaluated: Sequence[_Model]
+) -> tuple[dict[str, BandSubspace], dict[str, str]]:
+    """attack key -> the subspace of its ``band: dropped | kept`` (the same for every model), and
+    attack key -> the variant that defines it."""
     variants = list(dict.fromkeys(m.variant for m in evaluated))
     limited = _band_limited_variants(evaluated)
     out: dict[str, BandSubspace] = {}
+    sources: dict[str, str] = {}
     for spec in specs:
         part = spec_model_band(spec)
         if part is None:
@@ -381,8 +385,8 @@ def _resolve_subspaces(specs: Sequence[AttackSpec], evaluated: Sequence[_Model])
                 f"attack {spec.key!r}: the {part} band of {source!r} is empty ({band.describe()} keeps every "
                 "frequency); name a band-limited model with band_of"
             )
-        out[spec.key] = subspace
-    return out
+        out[spec.key], sources[spec.key] = subspace, source
+    return out, sources
 
 
 @dataclass
@@ -698,7 +702,7 @@ def evaluate_robustness(
                     "only"
                 )
         _derive_bands(evaluated, probe_x)
-        subspaces = _resolve_subspaces(specs, evaluated)
+        subspaces, sources = _resolve_subspaces(specs, evaluated)
         for model in evaluated:
             for spec in specs:  # construction only: surfaces bad option values
                 for eps in spec.eps:
@@ -789,7 +793,7 @@ def evaluate_robustness(
                 for model in evaluated:
                     _evaluate_model(
                         model, specs, batches, seed, target, records, worst, checks, save, bar, sanity_samples,
-                        subspaces,
+                        subspaces, sources,
                     )
                 bar.close()
                 for model in evaluated:
@@ -924,6 +928,7 @@ def _evaluate_model(
     bar: Any,
     sanity_samples: int,
     subspaces: Mapping[str, BandSubspace],
+    sources: Mapping[str, str],
 ) -> None:
     module = model.module
     with torch.no_grad():
@@ -982,7 +987,7 @@ def _evaluate_model(
                 seed=run_seed,
                 variant=model.variant,
                 replicate=model.replicate,
-                band_source=subspaces[spec.key].band.model if spec.key in subspaces else None,
+                band_source=sources.get(spec.key),
             )
         )
         masks.append((spec, norm, eps, correct))
@@ -1022,7 +1027,7 @@ def _evaluate_model(
                 run = _attack_batches(attack, module, batches, spec.key, bar)
             add(spec, eps, run.correct, run.l2, run.linf, run.seconds, run_seed)
 
-    worst.extend(_worst_case(model, clean, clean_accuracy, masks, subspaces))
+    worst.extend(_worst_case(model, clean, clean_accuracy, masks, sources))
     save()
 
 
@@ -1031,7 +1036,7 @@ def _worst_case(
     clean: torch.Tensor,
     clean_accuracy: float,
     masks: Sequence[tuple[AttackSpec, str | None, float, torch.Tensor]],
-    subspaces: Mapping[str, BandSubspace],
+    sources: Mapping[str, str],
 ) -> list[WorstCaseRecord]:
     groups: dict[tuple, list[tuple[AttackSpec, float, torch.Tensor]]] = {}
     for spec, norm, eps, correct in masks:
@@ -1039,7 +1044,7 @@ def _worst_case(
         if threat not in (THREAT_FULL, THREAT_BAND) or norm is None:
             continue
         part = spec_model_band(spec)
-        band = (part, subspaces[spec.key].band.model) if part else spec_band(spec)
+        band = (part, sources[spec.key]) if part else spec_band(spec)
         groups.setdefault((threat != THREAT_FULL, norm, round(eps, 12), band), []).append(
             (spec, eps, correct)
         )
@@ -1076,7 +1081,7 @@ def _worst_case(
 
 
 def _robustness_cli(
-    models: dict[str, str] | None = None,
+    models: dict[str, str | list[str]] | None = None,
     main_run: str | None = None,
     runs_dir: str = "runs",
     data: pl.LightningDataModule | None = None,
@@ -1096,7 +1101,9 @@ def _robustness_cli(
     """Evaluate classifiers under a suite of attacks and write a side-by-side report.
 
     Args:
-        models: name -> ImageClassifier checkpoint path, e.g. ``'{mine: runs/x/last.ckpt}'``.
+        models: name -> ImageClassifier checkpoint path, e.g. ``'{mine: runs/x/last.ckpt}'``, or a
+            list of paths: that variant's replicates (one per training seed), reported as mean +- std
+            with paired differences, e.g. ``'{bl: [a.ckpt, b.ckpt], fs: [c.ckpt, d.ckpt]}'``.
         main_run: a main-job run folder, or ``latest`` (the newest runs_dir/main-*): adds its
             band-limited and full-spectrum checkpoints.
         runs_dir: where ``--main_run latest`` looks, and the parent of the default output folder.
@@ -1155,7 +1162,7 @@ def main(args: list[str] | None = None) -> Path:
     config = parser.parse_args(resolve_config_args(argv))
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
     init = instantiate(config)
-    sources: dict[str, str | Path] = dict(init.models or {})
+    sources: dict[str, Any] = dict(init.models or {})
     if init.main_run:
         for name, path in main_run_checkpoints(init.main_run, init.runs_dir).items():
             if name in sources:

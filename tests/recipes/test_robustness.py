@@ -37,6 +37,7 @@ from lightning_bandlimit.recipes.robustness import (
 from lightning_bandlimit.recipes.sanity import SanityCheckError
 
 PACKAGED = Path(__file__).resolve().parents[2] / "lightning_bandlimit" / "configs" / "robustness.yaml"
+STUDY = PACKAGED.parent / "robustness_study.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -447,6 +448,26 @@ def test_cli_end_to_end(
     assert "# Robustness evaluation" in printed and "| band-limited | fgsm |" in printed
 
 
+def test_cli_replicates_and_a_model_band(
+    tmp_path: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    limited, full = str(checkpoints["band-limited"]), str(checkpoints["full-spectrum"])
+    out = main([
+        "--models", json.dumps({"band-limited": [limited, limited], "full-spectrum": [full, full]}),
+        "--data", "SyntheticImageDataModule", "--data.test_size", "8", "--limit", "8",
+        "--attacks", "[{name: band_noise, eps: [0, 0.1], band: dropped}]",
+        "--output_dir", str(tmp_path / "out"), "--heat_map_limit", "2", "--progress", "false", "--strict", "false",
+    ])
+    records = json.loads((out / "results.json").read_text())["records"]
+    assert {(r["variant"], r["replicate"]) for r in records} == {
+        ("band-limited", 0), ("band-limited", 1), ("full-spectrum", 0), ("full-spectrum", 1)
+    }
+    assert {r["band_source"] for r in records} == {"band-limited"}
+    assert (out / "heat_map_difference.png").is_file()
+    printed = capsys.readouterr().out
+    assert "* **dropped-band noise** (Linf):" in printed
+
+
 def test_cli_errors(tmp_path: Path, checkpoints: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match="expected models to evaluate"):
         main(["--data", "SyntheticImageDataModule", "--attacks", "[{name: fgsm, eps: [0.1]}]"])
@@ -521,3 +542,16 @@ def test_packaged_recipe_is_valid() -> None:
     )
     quickstart = yaml.safe_load((PACKAGED.parent / "quickstart.yaml").read_text())
     assert config["data"]["init_args"] == quickstart["data"]["init_args"]
+    # the band threat models are the band-limited model's own: what it drops and what it keeps
+    assert {s.band for s in specs if s.name.startswith("band_")} == {"dropped", "kept", "full"}
+
+
+def test_packaged_study_is_valid() -> None:
+    config = yaml.safe_load(STUDY.read_text())
+    specs = validate_attack_specs([AttackSpec(**a) for a in config["attacks"]])
+    assert all(0.0 in s.eps for s in specs if s.name != "autoattack")
+    bands = {(s.name, s.band, s.options.get("norm", "Linf")) for s in specs if s.name.startswith("band_")}
+    for band in ("dropped", "kept", "full"):
+        assert {("band_noise", band, "Linf"), ("band_noise", band, "L2")} <= bands
+    assert {("band_pgd", "dropped", "Linf"), ("band_pgd", "kept", "Linf")} <= bands
+    assert config["data"] == yaml.safe_load(PACKAGED.read_text())["data"]
