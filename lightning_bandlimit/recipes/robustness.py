@@ -890,7 +890,10 @@ def _heat_map_difference(
     path = output_dir / "heat_map_difference.png"
     save_heat_map_difference(
         means[limited], means[full], path, names=(limited, full), box=band.box,
-        title=f"Fourier heat maps, L2 {eps:g} (mean over replicates); box: {band.describe()}",
+        title=(
+            f"Fourier heat maps, L2 {eps:g} (mean over replicates); box: what {limited}'s input layer "
+            f"{band.layer!r} keeps at compression {band.compression:.3g}"
+        ),
     )
     return path
 

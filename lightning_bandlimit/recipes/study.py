@@ -6,13 +6,17 @@ replicate. This module turns the records into
 
 * per variant, attack and budget: the mean and standard deviation over replicates of the
   accuracy and of the **loss** (clean accuracy minus accuracy under attack);
-* per pair of variants: the **paired** difference of accuracy under attack, replicate ``i`` of
-  one against replicate ``i`` of the other (the same training seed, the same test samples and
-  the same attack seed), with a 95 % Student-t interval over the pairs;
-* the **verdict**: per threat class and norm, which variant is better, by how much, with that
-  interval, at a strength chosen by one fixed rule (the smallest budget that costs the
-  full-spectrum variant at least 20 points, else the largest budget), and what the class does
-  not cover. Nothing here knows which answer is expected.
+* per pair of variants: the **paired** differences of the loss and of the accuracy under
+  attack, replicate ``i`` of one against replicate ``i`` of the other (the same training seed,
+  the same test samples and the same attack seed), each with a 95 % Student-t interval over the
+  pairs;
+* the **verdict**: per threat class and norm, which variant is more robust to it (loses less
+  accuracy: the loss difference, whose interval must exclude 0), by how much, with that interval,
+  and what each ends with (the accuracy difference), at a strength chosen by one fixed rule (the
+  smallest budget that costs the full-spectrum variant at least 20 points, else the largest
+  budget), and what the class does not cover. The loss, not the accuracy under attack, decides:
+  the two variants' clean accuracies differ, and a threat should not be credited with that gap.
+  Nothing here knows which answer is expected.
 
 Pure Python over record fields (no torch), so it can be tested on made-up records.
 """
@@ -106,7 +110,12 @@ class Aggregate:
 
 @dataclass(frozen=True)
 class Paired:
-    """Accuracy of variant ``a`` minus variant ``b`` under one attack and budget, paired by replicate."""
+    """Variant ``a`` minus variant ``b`` under one attack and budget, paired by replicate.
+
+    ``mean`` / ``std`` / ``half_width``: of the accuracy under attack; ``loss_*``: of the loss
+    (clean minus attacked accuracy; negative: ``a`` loses less). ``half_width`` is that of the 95 %
+    Student-t interval, nan with fewer than 2 pairs.
+    """
 
     attack: str
     norm: str | None
@@ -117,12 +126,20 @@ class Paired:
     pairs: int
     mean: float
     std: float
-    half_width: float  # of the 95 % Student-t interval; nan with fewer than 2 pairs
+    half_width: float
+    loss_mean: float = math.nan
+    loss_std: float = math.nan
+    loss_half_width: float = math.nan
 
     @property
     def resolved(self) -> bool:
-        """Whether the 95 % interval excludes 0."""
+        """Whether the accuracy difference's 95 % interval excludes 0."""
         return math.isfinite(self.half_width) and abs(self.mean) > self.half_width
+
+    @property
+    def loss_resolved(self) -> bool:
+        """Whether the loss difference's 95 % interval excludes 0."""
+        return math.isfinite(self.loss_half_width) and abs(self.loss_mean) > self.loss_half_width
 
 
 def _std(values: Sequence[float]) -> float:
@@ -196,16 +213,23 @@ def paired_differences(records: Iterable[Any], a: str, b: str) -> list[Paired]:
         if not common:
             continue
         diffs = [left[i].robust_accuracy - right[i].robust_accuracy for i in common]
-        std = _std(diffs)
-        if len(diffs) > 1:
-            half = float(stats.t.ppf(0.975, len(diffs) - 1)) * std / math.sqrt(len(diffs))
-            half = half if std > 0 else 0.0
-        else:
-            half = math.nan
+        losses = [
+            (left[i].clean_accuracy - left[i].robust_accuracy) - (right[i].clean_accuracy - right[i].robust_accuracy)
+            for i in common
+        ]
         attack, norm, eps = key
         out.append(Paired(attack, norm, eps, threat_class(left[common[0]]), a, b, len(diffs),
-                          statistics.fmean(diffs), std if len(diffs) > 1 else math.nan, half))
+                          *_mean_interval(diffs), *_mean_interval(losses)))
     return out
+
+
+def _mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, std, half width of the 95 % Student-t interval); nan std and width for one value."""
+    if len(values) < 2:
+        return statistics.fmean(values), math.nan, math.nan
+    std = statistics.stdev(values)
+    half = float(stats.t.ppf(0.975, len(values) - 1)) * std / math.sqrt(len(values)) if std > 0 else 0.0
+    return statistics.fmean(values), std, half
 
 
 @dataclass(frozen=True)
@@ -224,18 +248,22 @@ class Verdict:
 
     @property
     def better(self) -> str | None:
-        """The variant with the higher accuracy when the interval excludes 0, else ``None``."""
-        if not self.difference.resolved:
+        """The variant that loses less under this threat when the loss interval excludes 0, else ``None``."""
+        if not self.difference.loss_resolved:
             return None
-        return self.limited.variant if self.difference.mean > 0 else self.full.variant
+        return self.limited.variant if self.difference.loss_mean < 0 else self.full.variant
 
     def sentence(self) -> str:
         """The verdict in one sentence (points = percentage points of accuracy)."""
         d = self.difference
-        interval = (
-            f"{100 * d.mean:+.1f} +- {100 * d.half_width:.1f} points (95 % interval, {d.pairs} paired seeds)"
-            if math.isfinite(d.half_width)
-            else f"{100 * d.mean:+.1f} points ({d.pairs} seed: no interval)"
+
+        def interval(mean: float, half: float) -> str:
+            if math.isfinite(half):
+                return f"{100 * mean:+.1f} +- {100 * half:.1f} points"
+            return f"{100 * mean:+.1f} points"
+
+        seeds = f"95 % intervals over {d.pairs} paired seeds" if math.isfinite(d.half_width) else (
+            f"{d.pairs} seed: no interval"
         )
         where = f"at {self.attack} eps {self.eps:.4g}"
         strength = (
@@ -246,11 +274,14 @@ class Verdict:
         losses = (
             f"{self.limited.variant} lost {_points(self.limited)}, {self.full.variant} lost {_points(self.full)}"
         )
+        pair = f"{self.limited.variant} minus {self.full.variant}"
+        loss = f"loss {pair} {interval(d.loss_mean, d.loss_half_width)}"
+        accuracy = f"accuracy under attack {pair} {interval(d.mean, d.half_width)}"
         if self.better is None:
-            outcome = f"no resolved difference: {self.limited.variant} minus {self.full.variant} {interval}"
+            outcome = f"no resolved difference in robustness: {loss}"
         else:
-            outcome = f"**{self.better} is better**: {self.limited.variant} minus {self.full.variant} {interval}"
-        return f"{strength}: {losses}; {outcome}."
+            outcome = f"**{self.better} is more robust** (loses less): {loss}"
+        return f"{strength}: {losses}; {outcome}; {accuracy} ({seeds})."
 
 
 def _points(a: Aggregate) -> str:
@@ -301,6 +332,10 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def _interval(mean: float, half: float) -> str:
+    return f"{100 * mean:+.1f} +- {100 * half:.1f}" if math.isfinite(half) else f"{100 * mean:+.1f}"
+
+
 def _pm(mean: float, std: float) -> str:
     return f"{100 * mean:.1f} +- {100 * std:.1f}" if math.isfinite(std) else f"{100 * mean:.1f}"
 
@@ -339,14 +374,18 @@ def study_markdown(records: Sequence[Any], worst_case: Sequence[Any], limited: s
     pairs = sorted(paired_differences(everything, limited, full), key=lambda p: (p.threat_class or "~", p.attack, p.eps))
     parts += [
         "",
-        f"## Paired differences: {limited} minus {full} (accuracy points, same seed index, 95 % t interval)",
+        f"## Paired differences: {limited} minus {full} (points, same seed index, 95 % t intervals)",
+        "",
+        "Loss: clean minus attacked accuracy (negative: the band-limited variant loses less). "
+        "Resolved: the interval excludes 0.",
         "",
         _table(
-            ["attack", "threat class", "norm", "eps", "pairs", "difference", "95 % interval", "resolved"],
+            ["attack", "threat class", "norm", "eps", "pairs", "loss difference", "resolved", "accuracy difference",
+             "resolved"],
             [
-                [p.attack, p.threat_class or "-", p.norm or "-", f"{p.eps:.4g}", p.pairs, f"{100 * p.mean:+.1f}",
-                 f"+- {100 * p.half_width:.1f}" if math.isfinite(p.half_width) else "n/a",
-                 "yes" if p.resolved else "no"]
+                [p.attack, p.threat_class or "-", p.norm or "-", f"{p.eps:.4g}", p.pairs,
+                 _interval(p.loss_mean, p.loss_half_width), "yes" if p.loss_resolved else "no",
+                 _interval(p.mean, p.half_width), "yes" if p.resolved else "no"]
                 for p in pairs
             ],
         ),

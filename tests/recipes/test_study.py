@@ -61,6 +61,20 @@ def test_aggregate_and_paired_interval() -> None:
     assert pair.mean == pytest.approx(statistics.fmean(diffs))
     expected = stats.t.ppf(0.975, 2) * statistics.stdev(diffs) / math.sqrt(3)
     assert pair.half_width == pytest.approx(expected) and pair.resolved
+    # equal clean accuracy: the loss difference is minus the accuracy difference
+    assert pair.loss_mean == pytest.approx(-pair.mean) and pair.loss_half_width == pytest.approx(expected)
+
+
+def test_robustness_is_judged_by_the_loss_not_by_the_clean_gap() -> None:
+    """A weaker model that loses the same under attack is not "less robust"."""
+    rows = []
+    for i in range(3):
+        rows += [dropped_noise("bl", i, 0.2, 50 - i, clean=70), dropped_noise("fs", i, 0.2, 70 + i, clean=90)]
+    (pair,) = paired_differences(rows, "bl", "fs")
+    assert pair.resolved and pair.mean < 0  # it ends lower ...
+    assert not pair.loss_resolved  # ... but loses the same: 20 + i vs 20 - i points
+    (verdict,) = verdicts(rows, "bl", "fs")
+    assert verdict.better is None and "no resolved difference in robustness" in verdict.sentence()
 
 
 def test_unmatched_replicates_are_not_paired() -> None:
@@ -75,7 +89,8 @@ def test_one_replicate_has_no_interval() -> None:
     assert math.isnan(pair.half_width) and not pair.resolved
     (verdict,) = verdicts(rows, "bl", "fs")
     assert verdict.better is None
-    assert "no resolved difference" in verdict.sentence() and "1 seed: no interval" in verdict.sentence()
+    assert "no resolved difference in robustness" in verdict.sentence()
+    assert "1 seed: no interval" in verdict.sentence()
 
 
 def test_the_verdict_uses_the_smallest_strength_that_costs_the_full_model_20_points() -> None:
@@ -87,7 +102,7 @@ def test_the_verdict_uses_the_smallest_strength_that_costs_the_full_model_20_poi
     assert verdict.eps == 0.1 and verdict.decisive
     assert verdict.better == "bl"
     assert "the smallest strength that cost fs >= 20 points" in verdict.sentence()
-    assert "**bl is better**" in verdict.sentence()
+    assert "**bl is more robust** (loses less)" in verdict.sentence()
 
 
 def test_without_a_decisive_strength_the_largest_is_used_and_said() -> None:
