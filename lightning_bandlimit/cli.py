@@ -30,7 +30,7 @@ def recipes() -> dict[str, str]:
 
     Example:
         >>> sorted(recipes())
-        ['cifar10-resnet18', 'elastic', 'quickstart', 'robustness']
+        ['cifar10-resnet18', 'elastic', 'quickstart', 'robustness', 'robustness_study']
     """
     found = {}
     for path in sorted(RECIPES_DIR.glob("*.yaml")):

@@ -16,7 +16,7 @@ TINY = ["--trainer.max_epochs", "1", "--data.train_size", "32", "--data.val_size
 def test_recipes_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
     main(["recipes"])
     out = capsys.readouterr().out
-    assert set(recipes()) == {"quickstart", "cifar10-resnet18", "elastic", "robustness"}
+    assert set(recipes()) == {"quickstart", "cifar10-resnet18", "elastic", "robustness", "robustness_study"}
     assert "quickstart" in out and "CIFAR-10" in out
 
 
