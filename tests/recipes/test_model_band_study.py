@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_task import CLASSES, make_data
+from tiny_task import CLASSES, fit, make_data
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -27,13 +27,7 @@ def cnn(seed: int, compression: float | None) -> nn.Module:
     )
     if compression is not None:
         bandlimit(net, compression)
-    images, labels = make_data(128, seed=seed)
-    optimizer = torch.optim.Adam(net.parameters(), lr=0.03)
-    for _ in range(40):
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(net(images), labels).backward()
-        optimizer.step()
-    return net.eval()
+    return fit(net, 128, seed, 40, 0.03)
 
 
 @pytest.fixture(scope="module")

@@ -18,17 +18,21 @@ def make_data(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     return images, labels
 
 
-def trained_linear_classifier() -> nn.Module:
-    """A linear classifier trained to ~100 % on :func:`make_data`, in eval mode."""
-    torch.manual_seed(0)
-    images, labels = make_data(256)
-    net = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, CLASSES))
-    optimizer = torch.optim.Adam(net.parameters(), lr=0.05)
-    for _ in range(60):
+def fit(net: nn.Module, n: int, seed: int, steps: int, lr: float) -> nn.Module:
+    """``net`` trained full-batch with Adam on ``n`` samples of :func:`make_data`, in eval mode."""
+    images, labels = make_data(n, seed=seed)
+    optimizer = torch.optim.Adam(net.parameters(), lr=lr)
+    for _ in range(steps):
         optimizer.zero_grad()
         nn.functional.cross_entropy(net(images), labels).backward()
         optimizer.step()
     return net.eval()
+
+
+def trained_linear_classifier() -> nn.Module:
+    """A linear classifier trained to ~100 % on :func:`make_data`, in eval mode."""
+    torch.manual_seed(0)
+    return fit(nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, CLASSES)), 256, 0, 60, 0.05)
 
 
 class BandFilter(nn.Module):
