@@ -16,7 +16,9 @@ replicate. This module turns the records into
   smallest budget that costs the full-spectrum variant at least 20 points, else the largest
   budget), and what the class does not cover. The loss, not the accuracy under attack, decides:
   the two variants' clean accuracies differ, and a threat should not be credited with that gap.
-  Nothing here knows which answer is expected.
+  The sentence also gives each variant's clean accuracy (a less accurate variant has less to
+  lose, so a loss difference near the floor partly reflects the clean gap) and says which
+  variant ends higher under the attack. Nothing here knows which answer is expected.
 
 Pure Python over record fields (no torch), so it can be tested on made-up records.
 """
@@ -272,7 +274,8 @@ class Verdict:
             else f"{where}, the largest strength run (none cost {self.full.variant} {100 * DECISIVE_LOSS:.0f} points)"
         )
         losses = (
-            f"{self.limited.variant} lost {_points(self.limited)}, {self.full.variant} lost {_points(self.full)}"
+            f"{self.limited.variant} lost {_points(self.limited)} of {100 * self.limited.clean_mean:.1f}, "
+            f"{self.full.variant} {_points(self.full)} of {100 * self.full.clean_mean:.1f}"
         )
         pair = f"{self.limited.variant} minus {self.full.variant}"
         loss = f"loss {pair} {interval(d.loss_mean, d.loss_half_width)}"
@@ -281,7 +284,12 @@ class Verdict:
             outcome = f"no resolved difference in robustness: {loss}"
         else:
             outcome = f"**{self.better} is more robust** (loses less): {loss}"
-        return f"{strength}: {losses}; {outcome}; {accuracy} ({seeds})."
+        if d.resolved:
+            higher = self.limited.variant if d.mean > 0 else self.full.variant
+            ends = f"{higher} ends higher: {accuracy}"
+        else:
+            ends = f"neither ends resolvably higher: {accuracy}"
+        return f"{strength}: {losses}; {outcome}; {ends} ({seeds})."
 
 
 def _points(a: Aggregate) -> str:
