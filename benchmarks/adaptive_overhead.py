@@ -56,10 +56,19 @@ class TimedAdaptiveBandLimit(AdaptiveBandLimit):
 def train(callback: BandLimit, steps: int, batch: int, width: int) -> StepTimer:
     timer = StepTimer(warmup=5)
     trainer = pl.Trainer(
-        accelerator="cpu", max_steps=steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback, timer],
+        accelerator="cpu",
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback, timer],
     )
-    trainer.fit(ImageClassifier("cifar_resnet18", width=width), SyntheticImageDataModule(train_size=steps * batch, batch_size=batch))
+    trainer.fit(
+        ImageClassifier("cifar_resnet18", width=width),
+        SyntheticImageDataModule(train_size=steps * batch, batch_size=batch),
+    )
     return timer
 
 
@@ -80,13 +89,19 @@ def meter_seconds(batch: int, width: int, compression: float, repeats: int = 15)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--compression", type=float, default=0.5)
-    parser.add_argument("--rounds", type=int, default=4, help="rounds of the end-to-end comparison (order alternates)")
-    parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results" / "adaptive_overhead.json")
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="rounds of the end-to-end comparison (order alternates)"
+    )
+    parser.add_argument(
+        "--output", type=Path, default=Path(__file__).parent / "results" / "adaptive_overhead.json"
+    )
     args = parser.parse_args()
 
     adaptive_medians, fixed_medians, hook_fractions = [], [], []
@@ -98,7 +113,12 @@ def main() -> None:
         every = adaptive.check_every_n_steps
         order = [False, True] if round_ % 2 == 0 else [True, False]  # alternate who runs first
         runs = {
-            is_adaptive: train(adaptive if is_adaptive else BandLimit(compression=args.compression), args.steps, args.batch, args.width)
+            is_adaptive: train(
+                adaptive if is_adaptive else BandLimit(compression=args.compression),
+                args.steps,
+                args.batch,
+                args.width,
+            )
             for is_adaptive in order
         }
         fixed, timed = runs[False], runs[True]
@@ -113,18 +133,30 @@ def main() -> None:
     end_to_end = statistics.median(adaptive_medians) / step_ms - 1
     verdict = "PASS" if hooks + meter <= 0.01 else "MISS"
     report = {
-        "step_ms_fixed": fixed_medians, "step_ms_adaptive": adaptive_medians,
-        "hook_fraction": hooks, "meter_ms_per_check": meter_ms, "check_every_n_steps": every,
-        "meter_fraction": meter, "overhead_fraction": hooks + meter, "end_to_end_fraction": end_to_end,
-        "target": 0.01, "verdict": verdict, "args": {k: str(v) for k, v in vars(args).items()},
-        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "step_ms_fixed": fixed_medians,
+        "step_ms_adaptive": adaptive_medians,
+        "hook_fraction": hooks,
+        "meter_ms_per_check": meter_ms,
+        "check_every_n_steps": every,
+        "meter_fraction": meter,
+        "overhead_fraction": hooks + meter,
+        "end_to_end_fraction": end_to_end,
+        "target": 0.01,
+        "verdict": verdict,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))
-    print(f"median step {step_ms:.1f} ms (BandLimit) vs {statistics.median(adaptive_medians):.1f} ms (AdaptiveBandLimit)")
+    print(
+        f"median step {step_ms:.1f} ms (BandLimit) vs {statistics.median(adaptive_medians):.1f} ms (AdaptiveBandLimit)"
+    )
     print(f"hook time            {hooks * 100:6.3f} % of a step")
     print(f"meter (every {every:>2} st.) {meter * 100:6.3f} % of a step ({meter_ms:.2f} ms per check)")
-    print(f"{verdict}  overhead {100 * (hooks + meter):.3f} % <= 1 %   (end to end, noisy: {100 * end_to_end:+.1f} %)")
+    print(
+        f"{verdict}  overhead {100 * (hooks + meter):.3f} % <= 1 %   (end to end, noisy: {100 * end_to_end:+.1f} %)"
+    )
     print(f"wrote {args.output}")
 
 

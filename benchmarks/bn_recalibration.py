@@ -62,7 +62,9 @@ class LastBatches(pl.Callback):
     def __init__(self, n: int) -> None:
         self.recent = RecentBatches(n)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any, idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
         self.recent.append(batch)
 
 
@@ -79,7 +81,9 @@ def evaluate(model: torch.nn.Module, loader: Any) -> float:
 
 def fingerprint(model: torch.nn.Module) -> str:
     """Hash of the trainable weights (BatchNorm buffers excluded)."""
-    return hashlib.sha256(b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
+    return hashlib.sha256(
+        b"".join(p.detach().cpu().numpy().tobytes() for p in model.parameters())
+    ).hexdigest()[:16]
 
 
 def release_probe(total_steps: int, args: argparse.Namespace) -> ScriptedProbe:
@@ -92,18 +96,34 @@ def release_probe(total_steps: int, args: argparse.Namespace) -> ScriptedProbe:
     return ScriptedProbe(lambda i: 0 if i == raise_read else TOTAL if i >= first_high else hold, total=TOTAL)
 
 
-def fit(seed: int, callbacks: list[pl.Callback], args: argparse.Namespace) -> tuple[ImageClassifier, SyntheticImageDataModule, dict[str, Any]]:
+def fit(
+    seed: int, callbacks: list[pl.Callback], args: argparse.Namespace
+) -> tuple[ImageClassifier, SyntheticImageDataModule, dict[str, Any]]:
     pl.seed_everything(seed, verbose=False)
-    data = SyntheticImageDataModule(train_size=args.train_size, val_size=args.val_size, batch_size=args.batch, seed=seed)
+    data = SyntheticImageDataModule(
+        train_size=args.train_size, val_size=args.val_size, batch_size=args.batch, seed=seed
+    )
     model = ImageClassifier(args.backbone, width=args.width, learning_rate=args.lr)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=args.epochs, num_sanity_val_steps=0, callbacks=callbacks,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        max_epochs=args.epochs,
+        num_sanity_val_steps=0,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     started = time.perf_counter()
     trainer.fit(model, data)
     fit_s = time.perf_counter() - started
-    row = dict(seed=seed, fit_s=fit_s, steps=trainer.global_step, trainer_acc=round(100.0 * float(trainer.callback_metrics["val/acc"]), 2))
+    row = dict(
+        seed=seed,
+        fit_s=fit_s,
+        steps=trainer.global_step,
+        trainer_acc=round(100.0 * float(trainer.callback_metrics["val/acc"]), 2),
+    )
     row["eval_acc"] = evaluate(model, data.val_dataloader())  # must equal trainer_acc: same model, same data
     return model, data, row
 
@@ -117,25 +137,47 @@ def reestimated(model: ImageClassifier, data: SyntheticImageDataModule, batches:
 def switch_run(seed: int, recal: int, args: argparse.Namespace) -> dict[str, Any]:
     steps = args.epochs * math.ceil(args.train_size / args.batch)
     callback = AdaptiveBandLimit(
-        probe=release_probe(steps, args), min_free=MIN_FREE, release_free=RELEASE_FREE, check_every_n_steps=1,
-        max_compression=HIGH_C, raise_step=HIGH_C, lower_step=args.lower_step, release_checks=RELEASE_CHECKS,
-        cooldown_checks=COOLDOWN_CHECKS, recalibrate_bn=recal,
+        probe=release_probe(steps, args),
+        min_free=MIN_FREE,
+        release_free=RELEASE_FREE,
+        check_every_n_steps=1,
+        max_compression=HIGH_C,
+        raise_step=HIGH_C,
+        lower_step=args.lower_step,
+        release_checks=RELEASE_CHECKS,
+        cooldown_checks=COOLDOWN_CHECKS,
+        recalibrate_bn=recal,
     )
     model, data, row = fit(seed, [callback], args)
     changes = [(d["step"], d["compression"]) for d in callback.decisions if d["reason"] != "hold"]
     row.update(
-        variant=f"recalibrate_bn={recal}", recalibrate_bn=recal, final_compression=callback.compression,
-        changes=changes, steps_at_final=row["steps"] - changes[-1][0] if changes else None,
-        bn_recalibrations=callback.bn_recalibrations, bn_recalibration_s=callback.bn_recalibration_seconds,
-        bn_cost_pct=100.0 * callback.bn_recalibration_seconds / row["fit_s"], weights=fingerprint(model),
+        variant=f"recalibrate_bn={recal}",
+        recalibrate_bn=recal,
+        final_compression=callback.compression,
+        changes=changes,
+        steps_at_final=row["steps"] - changes[-1][0] if changes else None,
+        bn_recalibrations=callback.bn_recalibrations,
+        bn_recalibration_s=callback.bn_recalibration_seconds,
+        bn_cost_pct=100.0 * callback.bn_recalibration_seconds / row["fit_s"],
+        weights=fingerprint(model),
     )
     if callback.compression != 0.0 or row["steps_at_final"] != args.settle:
-        print(f"  WARNING seed {seed}: schedule missed: changes {changes}, final {callback.compression}", file=sys.stderr)
-    row["recal_cost_steps"] = callback.bn_recalibration_seconds / max(1, callback.bn_recalibrations) / (row["fit_s"] / row["steps"])
-    row["full_acc"] = reestimated(model, data, data.train_dataloader())  # same RNG state, same order for every variant
+        print(
+            f"  WARNING seed {seed}: schedule missed: changes {changes}, final {callback.compression}",
+            file=sys.stderr,
+        )
+    row["recal_cost_steps"] = (
+        callback.bn_recalibration_seconds / max(1, callback.bn_recalibrations) / (row["fit_s"] / row["steps"])
+    )
+    row["full_acc"] = reestimated(
+        model, data, data.train_dataloader()
+    )  # same RNG state, same order for every variant
     if recal and recal == max(args.variants):  # noise floor; the weights are the same for every variant
         batches = list(data.train_dataloader())
-        row["window_accs"] = [reestimated(model, data, batches[i : i + recal]) for i in range(0, len(batches) - recal + 1, recal)]
+        row["window_accs"] = [
+            reestimated(model, data, batches[i : i + recal])
+            for i in range(0, len(batches) - recal + 1, recal)
+        ]
     row["gap"] = row["full_acc"] - row["trainer_acc"]
     return row
 
@@ -174,20 +216,30 @@ def switch_table(rows: list[dict[str, Any]], args: argparse.Namespace, summary: 
                 f"| {r['bn_recalibration_s']:.2f} ({r['bn_recalibrations']}) / {r['fit_s']:.1f} ({r['bn_cost_pct']:.1f} %) | {r['recal_cost_steps']:.2f} |"
             )
         ok, cost = all(abs(r["gap"]) <= 1.0 for r in group), statistics.mean(r["bn_cost_pct"] for r in group)
-        not_worse = all(r["gap"] <= 1.0 for r in group)  # the callback's model at most 1 point below the full re-estimate
+        not_worse = all(
+            r["gap"] <= 1.0 for r in group
+        )  # the callback's model at most 1 point below the full re-estimate
         summary[f"switch recalibrate_bn={recal}"] = {
-            "gaps": [r["gap"] for r in group], "gap_mean": statistics.mean(r["gap"] for r in group),
-            "within_1pt": ok, "at_most_1pt_worse": not_worse, "bn_cost_pct_mean": cost,
+            "gaps": [r["gap"] for r in group],
+            "gap_mean": statistics.mean(r["gap"] for r in group),
+            "within_1pt": ok,
+            "at_most_1pt_worse": not_worse,
+            "bn_cost_pct_mean": cost,
         }
-        lines.append(f"| **{recal}** | mean | | | **{pm([r['gap'] for r in group])}** | | {cost:.1f} % | "
-                     f"\\|gap\\|<=1: {'PASS' if ok else 'MISS'}; gap<=1: {'PASS' if not_worse else 'MISS'} |")
+        lines.append(
+            f"| **{recal}** | mean | | | **{pm([r['gap'] for r in group])}** | | {cost:.1f} % | "
+            f"\\|gap\\|<=1: {'PASS' if ok else 'MISS'}; gap<=1: {'PASS' if not_worse else 'MISS'} |"
+        )
     lines += [
         f"Noise floor, seed {r['seed']}: acc after re-estimates over disjoint {r['recalibrate_bn']}-batch windows: "
         f"{' '.join(f'{a:.1f}' for a in r['window_accs'])} (std {sd(r['window_accs']):.2f}; full {r['full_acc']:.1f})"
-        for r in rows if "window_accs" in r
+        for r in rows
+        if "window_accs" in r
     ]
     mismatch = [r for r in rows if abs(r["trainer_acc"] - r["eval_acc"]) > 0.05]
-    lines.append(f"Trainer val/acc vs own eval pass: {'agree' if not mismatch else f'{len(mismatch)} DISAGREE'}")
+    lines.append(
+        f"Trainer val/acc vs own eval pass: {'agree' if not mismatch else f'{len(mismatch)} DISAGREE'}"
+    )
     return lines
 
 
@@ -201,7 +253,8 @@ def drift_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str
         group = [r for r in rows if r["variant"] == setting]
         lines += [
             f"| {setting} | {r['seed']} | {r['trainer_acc']:.2f} | {r['last8_acc']:.2f} | {r['full_acc']:.2f} | "
-            f"{r['gap_stale']:+.2f} | {r['gap_last8']:+.2f} |" for r in group
+            f"{r['gap_stale']:+.2f} | {r['gap_last8']:+.2f} |"
+            for r in group
         ]
         stale, last8 = [r["gap_stale"] for r in group], [r["gap_last8"] for r in group]
         lines.append(f"| **{setting}** | mean | | | | **{pm(stale)}** | **{pm(last8)}** |")
@@ -210,12 +263,20 @@ def drift_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--parts", nargs="+", default=["switch", "drift"], choices=["switch", "drift"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--variants", nargs="+", type=int, default=[0, 4, 8], help="recalibrate_bn values")
     parser.add_argument("--backbone", default="cifar_resnet18", choices=["cifar_resnet18", "small_cnn"])
-    for name, default in {"--width": 8, "--epochs": 4, "--train-size": 2048, "--val-size": 1000, "--batch": 64}.items():
+    for name, default in {
+        "--width": 8,
+        "--epochs": 4,
+        "--train-size": 2048,
+        "--val-size": 1000,
+        "--batch": 64,
+    }.items():
         parser.add_argument(name, type=int, default=default)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--lower-step", type=float, default=0.25, help="release step of the controller")
@@ -237,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
             for recal in args.variants:
                 print(f"  switch seed {seed} recalibrate_bn={recal}", file=sys.stderr, flush=True)
                 switch.append(row := switch_run(seed, recal, args))
-                print(f"    changes (step, c): {row['changes']}; acc {row['trainer_acc']:.1f}, full {row['full_acc']:.1f}", file=sys.stderr)
+                print(
+                    f"    changes (step, c): {row['changes']}; acc {row['trainer_acc']:.1f}, full {row['full_acc']:.1f}",
+                    file=sys.stderr,
+                )
         lines += switch_table(switch, args, summary)
     if "drift" in args.parts:
         for seed in args.seeds:
@@ -252,13 +316,34 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from conv import git_commit, git_dirty  # shared benchmark metadata
 
-    meta = dict(torch=torch.__version__, lightning=lightning.__version__, threads=args.threads, git_commit=git_commit(),
-                git_dirty=git_dirty(), timestamp=datetime.datetime.now().isoformat(timespec="seconds"))
-    command = "PYTHONPATH=. .venv/bin/python benchmarks/bn_recalibration.py" + " ".join([""] + (argv or sys.argv[1:]))
+    meta = dict(
+        torch=torch.__version__,
+        lightning=lightning.__version__,
+        threads=args.threads,
+        git_commit=git_commit(),
+        git_dirty=git_dirty(),
+        timestamp=datetime.datetime.now().isoformat(timespec="seconds"),
+    )
+    command = "PYTHONPATH=. .venv/bin/python benchmarks/bn_recalibration.py" + " ".join(
+        [""] + (argv or sys.argv[1:])
+    )
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(dict(benchmark="bn_recalibration", command=command, config=config, switch=switch,
-                                           drift=drift, summary=summary, total_s=total_s, meta=meta), indent=2))
+    args.output.write_text(
+        json.dumps(
+            dict(
+                benchmark="bn_recalibration",
+                command=command,
+                config=config,
+                switch=switch,
+                drift=drift,
+                summary=summary,
+                total_s=total_s,
+                meta=meta,
+            ),
+            indent=2,
+        )
+    )
     print(f"results: {args.output}")
     return 0
 

@@ -58,8 +58,8 @@ import torch
 from torch import nn
 
 from lightning_bandlimit import BandLimitedConv2d
-from lightning_bandlimit.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.functional import spectral_band
+from lightning_bandlimit.saved_tensors import SavedTensorMeter
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = "nn.Conv2d"
@@ -240,7 +240,11 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
         return "  ".join(parts).rstrip()
 
     rule = "-" * len(line(header))
-    return "\n".join([line(header), rule, *(line(r) for r in rows[:-1]), rule, line(rows[-1])]) if rows else line(header)
+    return (
+        "\n".join([line(header), rule, *(line(r) for r in rows[:-1]), rule, line(rows[-1])])
+        if rows
+        else line(header)
+    )
 
 
 def mib(n: int) -> str:
@@ -248,9 +252,7 @@ def mib(n: int) -> str:
     return f"{n / 2**20:.2f}"
 
 
-def evaluate_targets(
-    results: dict[str, list[Candidate]], compressions: list[float]
-) -> list[dict[str, Any]]:
+def evaluate_targets(results: dict[str, list[Candidate]], compressions: list[float]) -> list[dict[str, Any]]:
     """PASS/MISS verdicts of the benchmark targets, per layer and on the total."""
     verdicts: list[dict[str, Any]] = []
     scopes = list(results) + ["TOTAL"]
@@ -263,32 +265,58 @@ def evaluate_targets(
         layers = results.values() if scope == "TOTAL" else [results[scope]]
         return sum(next(c for c in cands if c.label == label).saved_bytes for cands in layers)
 
-    for c, limit, name in ((0.0, TIME_RATIO_AT_C0, "time at c=0 <= 2.0x nn.Conv2d"),
-                           (0.5, TIME_RATIO_AT_C05, "time at c=0.5 <= 1.0x nn.Conv2d")):
+    for c, limit, name in (
+        (0.0, TIME_RATIO_AT_C0, "time at c=0 <= 2.0x nn.Conv2d"),
+        (0.5, TIME_RATIO_AT_C05, "time at c=0.5 <= 1.0x nn.Conv2d"),
+    ):
         if c not in compressions:
-            verdicts.append({"target": name, "scope": "ALL", "verdict": "SKIP", "detail": f"{c_label(c)} not measured"})
+            verdicts.append(
+                {"target": name, "scope": "ALL", "verdict": "SKIP", "detail": f"{c_label(c)} not measured"}
+            )
             continue
         for scope in scopes:
             ratio = time_of(scope, c_label(c)) / time_of(scope, REFERENCE)
-            verdicts.append({"target": name, "scope": scope, "value": ratio, "threshold": limit,
-                             "verdict": "PASS" if ratio <= limit else "MISS", "detail": f"{ratio:.2f}x"})
+            verdicts.append(
+                {
+                    "target": name,
+                    "scope": scope,
+                    "value": ratio,
+                    "threshold": limit,
+                    "verdict": "PASS" if ratio <= limit else "MISS",
+                    "detail": f"{ratio:.2f}x",
+                }
+            )
 
     name = "bytes saved for backward non-increasing in c"
     order = sorted(compressions)
     if len(order) < 2:
-        verdicts.append({"target": name, "scope": "ALL", "verdict": "SKIP", "detail": "fewer than two compressions"})
+        verdicts.append(
+            {"target": name, "scope": "ALL", "verdict": "SKIP", "detail": "fewer than two compressions"}
+        )
     else:
         for scope in scopes:
             values = [bytes_of(scope, c_label(c)) for c in order]
             ok = all(b <= a for a, b in zip(values, values[1:]))
             strict = all(b < a for a, b in zip(values, values[1:]))
-            detail = " >= ".join(mib(v) for v in values) + " MiB" + ("" if not ok or strict else " (some equal)")
-            verdicts.append({"target": name, "scope": scope, "value": values, "strict": strict,
-                             "verdict": "PASS" if ok else "MISS", "detail": detail})
+            detail = (
+                " >= ".join(mib(v) for v in values) + " MiB" + ("" if not ok or strict else " (some equal)")
+            )
+            verdicts.append(
+                {
+                    "target": name,
+                    "scope": scope,
+                    "value": values,
+                    "strict": strict,
+                    "verdict": "PASS" if ok else "MISS",
+                    "detail": detail,
+                }
+            )
     return verdicts
 
 
-def report(results: dict[str, list[Candidate]], compressions: list[float], repeats: int) -> tuple[str, dict[str, Any]]:
+def report(
+    results: dict[str, list[Candidate]], compressions: list[float], repeats: int
+) -> tuple[str, dict[str, Any]]:
     """Printable tables and the totals record."""
     labels = [REFERENCE] + [c_label(c) for c in compressions]
     total_ms = {lab: 0.0 for lab in labels}
@@ -314,44 +342,73 @@ def report(results: dict[str, list[Candidate]], compressions: list[float], repea
         byte_rows.append(b_row)
         comp_rows.append(c_row)
     ref_total_ms, ref_total_bytes = total_ms[REFERENCE], total_bytes[REFERENCE]
-    time_rows.append(["TOTAL", f"{ref_total_ms:.2f}"]
-                     + [f"{total_ms[lab]:.2f} ({total_ms[lab] / ref_total_ms:.2f}x)" for lab in labels[1:]])
-    byte_rows.append(["TOTAL", mib(ref_total_bytes)]
-                     + [f"{mib(total_bytes[lab])} ({total_bytes[lab] / ref_total_bytes:.2f}x)" for lab in labels[1:]])
+    time_rows.append(
+        ["TOTAL", f"{ref_total_ms:.2f}"]
+        + [f"{total_ms[lab]:.2f} ({total_ms[lab] / ref_total_ms:.2f}x)" for lab in labels[1:]]
+    )
+    byte_rows.append(
+        ["TOTAL", mib(ref_total_bytes)]
+        + [f"{mib(total_bytes[lab])} ({total_bytes[lab] / ref_total_bytes:.2f}x)" for lab in labels[1:]]
+    )
     comp_rows.append(["(requested)"] + [f"{c:.3f}" for c in compressions])
 
-    text = "\n\n".join([
-        f"Forward+backward time, ms (median of {repeats}; ratio to {REFERENCE})\n"
-        + format_table(["layer", *labels], time_rows),
-        f"Bytes saved for backward, MiB (parameters excluded; ratio to {REFERENCE})\n"
-        + format_table(["layer", *labels], byte_rows),
-        "Achieved compression (padded-input grid)\n" + format_table(["layer", *labels[1:]], comp_rows),
-    ])
+    text = "\n\n".join(
+        [
+            f"Forward+backward time, ms (median of {repeats}; ratio to {REFERENCE})\n"
+            + format_table(["layer", *labels], time_rows),
+            f"Bytes saved for backward, MiB (parameters excluded; ratio to {REFERENCE})\n"
+            + format_table(["layer", *labels], byte_rows),
+            "Achieved compression (padded-input grid)\n" + format_table(["layer", *labels[1:]], comp_rows),
+        ]
+    )
     totals = {
-        lab: {"ms": total_ms[lab], "ratio": total_ms[lab] / ref_total_ms,
-              "bytes": total_bytes[lab], "bytes_ratio": total_bytes[lab] / ref_total_bytes}
+        lab: {
+            "ms": total_ms[lab],
+            "ratio": total_ms[lab] / ref_total_ms,
+            "bytes": total_bytes[lab],
+            "bytes_ratio": total_bytes[lab] / ref_total_bytes,
+        }
         for lab in labels
     }
     return text, totals
 
 
-def records(results: dict[str, list[Candidate]], specs: dict[str, LayerSpec], batch: int) -> list[dict[str, Any]]:
+def records(
+    results: dict[str, list[Candidate]], specs: dict[str, LayerSpec], batch: int
+) -> list[dict[str, Any]]:
     """Per-layer, per-candidate JSON records."""
     out: list[dict[str, Any]] = []
     for layer, cands in results.items():
         spec = specs[layer]
         ref_ms, ref_bytes = median(cands[0].times_ms), cands[0].saved_bytes
-        shape = {"batch": batch, "in_channels": spec.in_channels, "out_channels": spec.out_channels,
-                 "height": spec.size, "width": spec.size, "kernel": spec.kernel, "stride": spec.stride,
-                 "padding": spec.padding, "input_requires_grad": not spec.is_stem}
+        shape = {
+            "batch": batch,
+            "in_channels": spec.in_channels,
+            "out_channels": spec.out_channels,
+            "height": spec.size,
+            "width": spec.size,
+            "kernel": spec.kernel,
+            "stride": spec.stride,
+            "padding": spec.padding,
+            "input_requires_grad": not spec.is_stem,
+        }
         for cand in cands:
             ms = median(cand.times_ms)
-            out.append({
-                "layer": layer, "shape": shape, "module": REFERENCE if cand.compression is None else "BandLimitedConv2d",
-                "c": cand.compression, "achieved_c": cand.achieved, "ms": ms, "ms_samples": cand.times_ms,
-                "ratio": ms / ref_ms, "bytes": cand.saved_bytes, "bytes_ratio": cand.saved_bytes / ref_bytes,
-                "max_rel_err_vs_reference": cand.max_rel_err,
-            })
+            out.append(
+                {
+                    "layer": layer,
+                    "shape": shape,
+                    "module": REFERENCE if cand.compression is None else "BandLimitedConv2d",
+                    "c": cand.compression,
+                    "achieved_c": cand.achieved,
+                    "ms": ms,
+                    "ms_samples": cand.times_ms,
+                    "ratio": ms / ref_ms,
+                    "bytes": cand.saved_bytes,
+                    "bytes_ratio": cand.saved_bytes / ref_bytes,
+                    "max_rel_err_vs_reference": cand.max_rel_err,
+                }
+            )
     return out
 
 
@@ -371,7 +428,9 @@ def device_name(device: torch.device) -> str:
 def git_commit() -> str | None:
     """``git rev-parse HEAD`` of the repository, or ``None`` if unavailable."""
     try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return (done.stdout.strip() or None) if done.returncode == 0 else None
@@ -380,7 +439,9 @@ def git_commit() -> str | None:
 def git_dirty() -> bool | None:
     """Whether the working tree has uncommitted changes, or ``None`` if unknown."""
     try:
-        done = subprocess.run(["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        done = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return bool(done.stdout.strip()) if done.returncode == 0 else None
@@ -441,12 +502,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="default: cpu")
     p.add_argument("--repeats", type=int, default=None, help="timed rounds (default 7; 3 with --quick)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed rounds first (default 2; 1 with --quick)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: all available cores)")
+    p.add_argument(
+        "--warmup", type=int, default=None, help="untimed rounds first (default 2; 1 with --quick)"
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads (default: all available cores)"
+    )
     p.add_argument("--batch", type=int, default=None, help="batch size (default 32; 2 with --quick)")
-    p.add_argument("--compressions", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75],
-                   help="compressions to compare (default: 0 0.25 0.5 0.75)")
-    p.add_argument("--output", type=Path, default=None, help="JSON path (default benchmarks/results/conv-<device>[-quick].json)")
+    p.add_argument(
+        "--compressions",
+        type=float,
+        nargs="+",
+        default=[0.0, 0.25, 0.5, 0.75],
+        help="compressions to compare (default: 0 0.25 0.5 0.75)",
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help="JSON path (default benchmarks/results/conv-<device>[-quick].json)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: batch 2, 3 repeats, 1 warm-up")
     args = p.parse_args(argv)
     args.repeats = args.repeats if args.repeats is not None else (3 if args.quick else 7)
@@ -481,9 +556,12 @@ def main(argv: list[str] | None = None) -> int:
     configure(device, args.threads)
     torch.manual_seed(0)
 
-    print(f"torch {torch.__version__} | {args.device}: {device_name(device)} | threads {torch.get_num_threads()} | "
-          f"batch {args.batch} | warm-up {args.warmup} | repeats {args.repeats} | "
-          f"c in {' '.join(f'{c:g}' for c in args.compressions)}", flush=True)
+    print(
+        f"torch {torch.__version__} | {args.device}: {device_name(device)} | threads {torch.get_num_threads()} | "
+        f"batch {args.batch} | warm-up {args.warmup} | repeats {args.repeats} | "
+        f"c in {' '.join(f'{c:g}' for c in args.compressions)}",
+        flush=True,
+    )
     busy_before = probe_contention()
     contention = Contention()
     specs = {spec.name: spec for spec in LAYERS}
@@ -492,7 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     for i, spec in enumerate(LAYERS, 1):
         t0 = time.perf_counter()
         results[spec.name] = run_layer(spec, args.compressions, args.batch, args.warmup, args.repeats, device)
-        print(f"[{i}/{len(LAYERS)}] {spec.name}: {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+        print(
+            f"[{i}/{len(LAYERS)}] {spec.name}: {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True
+        )
     elapsed = time.perf_counter() - started
     busy_during = contention.other_busy_fraction()
 
@@ -506,25 +586,50 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{v['verdict']:<4}  {v['target']:<46}  {v['scope']:<{scope_width}}  {v['detail']}")
     busy = [b for b in (busy_before, busy_during) if b is not None]
     if busy and max(busy) > CONTENTION_WARNING:
-        shown = ", ".join(f"{name}: {'n/a' if b is None else format(b, '.0%')}"
-                          for name, b in (("before", busy_before), ("during the run", busy_during)))
-        print(f"\nWARNING: other processes used up to {max(busy):.0%} of the CPUs ({shown}); "
-              "CPU timings are skewed.")
-    worst = [c for cands in results.values() for c in cands[1:] if c.compression == 0.0 and c.max_rel_err is not None]
+        shown = ", ".join(
+            f"{name}: {'n/a' if b is None else format(b, '.0%')}"
+            for name, b in (("before", busy_before), ("during the run", busy_during))
+        )
+        print(
+            f"\nWARNING: other processes used up to {max(busy):.0%} of the CPUs ({shown}); "
+            "CPU timings are skewed."
+        )
+    worst = [
+        c
+        for cands in results.values()
+        for c in cands[1:]
+        if c.compression == 0.0 and c.max_rel_err is not None
+    ]
     if worst:
-        print(f"\nSanity: max relative output error at c=0 vs {REFERENCE}: {max(c.max_rel_err for c in worst):.2e}")
+        print(
+            f"\nSanity: max relative output error at c=0 vs {REFERENCE}: {max(c.max_rel_err for c in worst):.2e}"
+        )
 
     payload: dict[str, Any] = {
-        "benchmark": "conv", "records": records(results, specs, args.batch), "totals": totals,
+        "benchmark": "conv",
+        "records": records(results, specs, args.batch),
+        "totals": totals,
         "targets": verdicts,
         "metadata": {
-            "torch": torch.__version__, "python": platform.python_version(), "device": args.device,
-            "device_name": device_name(device), "threads": torch.get_num_threads(), "available_cores": available_cores(),
-            "batch": args.batch, "repeats": args.repeats, "warmup": args.warmup, "quick": args.quick,
-            "compressions": args.compressions, "dtype": "float32", "tf32": False if device.type == "cuda" else None,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "device": args.device,
+            "device_name": device_name(device),
+            "threads": torch.get_num_threads(),
+            "available_cores": available_cores(),
+            "batch": args.batch,
+            "repeats": args.repeats,
+            "warmup": args.warmup,
+            "quick": args.quick,
+            "compressions": args.compressions,
+            "dtype": "float32",
+            "tf32": False if device.type == "cuda" else None,
             "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "git_commit": git_commit(), "git_dirty": git_dirty(), "elapsed_s": elapsed,
-            "other_cpu_busy_before": busy_before, "other_cpu_busy_during": busy_during,
+            "git_commit": git_commit(),
+            "git_dirty": git_dirty(),
+            "elapsed_s": elapsed,
+            "other_cpu_busy_before": busy_before,
+            "other_cpu_busy_during": busy_during,
             "timing": "median over repeats of perf_counter(forward + backward(grad)), candidates interleaved per round",
             "bytes": "unique storages packed by saved_tensors_hooks in one forward, parameter storages excluded",
         },

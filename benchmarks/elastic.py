@@ -132,8 +132,12 @@ def _make_rule(name: str) -> Any:
     )
 
     return {
-        "none": NoScaling, "linear": LinearScaling, "keep-global-batch": KeepGlobalBatch,
-        "momentum": MomentumAwareScaling, "adascale": AdaScale, "sqrt": SquareRootScaling,
+        "none": NoScaling,
+        "linear": LinearScaling,
+        "keep-global-batch": KeepGlobalBatch,
+        "momentum": MomentumAwareScaling,
+        "adascale": AdaScale,
+        "sqrt": SquareRootScaling,
     }[name]()
 
 
@@ -151,7 +155,9 @@ def worker(cfg: dict[str, Any]) -> None:
 
         def configure_optimizers(self) -> Any:
             hp = self.hparams
-            optimizer = torch.optim.AdamW(self.parameters(), lr=hp.learning_rate, weight_decay=hp.weight_decay)
+            optimizer = torch.optim.AdamW(
+                self.parameters(), lr=hp.learning_rate, weight_decay=hp.weight_decay
+            )
             total_steps = max(1, int(self.trainer.estimated_stepping_batches))
             schedule = self._sample_schedule(optimizer, total_steps)
             return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
@@ -190,7 +196,9 @@ def worker(cfg: dict[str, Any]) -> None:
         def __init__(self, lookup: dict[bytes, int]) -> None:
             self.lookup, self.seen = lookup, {}
 
-        def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        def on_train_batch_start(
+            self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int
+        ) -> None:
             keys = batch[0][:, 0, 0, :8].contiguous().numpy()
             indices = [self.lookup[row.tobytes()] for row in keys]
             self.seen.setdefault(str(trainer.current_epoch), []).extend(indices)
@@ -202,7 +210,11 @@ def worker(cfg: dict[str, Any]) -> None:
     fingerprint = library_fingerprint(package)
     pl.seed_everything(cfg["seed"], verbose=False)
     data = PrefilledData(
-        train_size=cfg["train_size"], val_size=cfg["val_size"], test_size=0, batch_size=cfg["batch"], seed=cfg["seed"]
+        train_size=cfg["train_size"],
+        val_size=cfg["val_size"],
+        test_size=0,
+        batch_size=cfg["batch"],
+        seed=cfg["seed"],
     )
     data.setup("fit")
     train_images = torch.stack([data.train_set[i][0] for i in range(len(data.train_set))])
@@ -210,14 +222,22 @@ def worker(cfg: dict[str, Any]) -> None:
     if len(lookup) != len(train_images):
         raise RuntimeError("two training images share their first pixels; cannot record indices")
     model_class = AdamWClassifier if cfg["optimizer"] == "adamw" else ImageClassifier
-    model = model_class("small_cnn", width=cfg["width"], lr_schedule="samples", learning_rate=cfg["lr"], momentum=0.9)
+    model = model_class(
+        "small_cnn", width=cfg["width"], lr_schedule="samples", learning_rate=cfg["lr"], momentum=0.9
+    )
     recorder = RecordIndices(lookup)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=cfg["devices"],
+        accelerator="cpu",
+        devices=cfg["devices"],
         strategy=ElasticDDPStrategy(rule=_make_rule(cfg["rule"]), cpu_threads=1, seed=cfg["seed"]),
-        max_epochs=cfg["epochs"], accumulate_grad_batches=cfg["accumulation"],
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0, callbacks=[PhaseEnd(cfg.get("phase_end"), cfg.get("save")), recorder],
+        max_epochs=cfg["epochs"],
+        accumulate_grad_batches=cfg["accumulation"],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[PhaseEnd(cfg.get("phase_end"), cfg.get("save")), recorder],
     )
     t_fit = time.perf_counter()
     trainer.fit(model, train_dataloaders=data.train_dataloader(), ckpt_path=cfg.get("resume"))
@@ -230,22 +250,35 @@ def worker(cfg: dict[str, Any]) -> None:
         t_val = time.perf_counter()
         (metrics,) = trainer.validate(model, dataloaders=data.val_dataloader(), verbose=False)
         record.update(
-            val_acc=float(metrics["val/acc"]), val_loss=float(metrics["val/loss"]), val_s=time.perf_counter() - t_val
+            val_acc=float(metrics["val/acc"]),
+            val_loss=float(metrics["val/loss"]),
+            val_s=time.perf_counter() - t_val,
         )
     if trainer.global_rank == 0:
-        schedule = next(c.scheduler for c in trainer.lr_scheduler_configs if isinstance(c.scheduler, SampleSchedule))
+        schedule = next(
+            c.scheduler for c in trainer.lr_scheduler_configs if isinstance(c.scheduler, SampleSchedule)
+        )
         applied = strategy.applied
         record.update(
-            devices=cfg["devices"], accumulation_launched=cfg["accumulation"],
-            accumulation_applied=trainer.accumulate_grad_batches, rule=cfg["rule"],
-            samples_seen=strategy.samples_seen, global_step=trainer.global_step, epoch=trainer.current_epoch,
-            resized_from=strategy.resized_from, rollbacks=strategy.rollbacks,
+            devices=cfg["devices"],
+            accumulation_launched=cfg["accumulation"],
+            accumulation_applied=trainer.accumulate_grad_batches,
+            rule=cfg["rule"],
+            samples_seen=strategy.samples_seen,
+            global_step=trainer.global_step,
+            epoch=trainer.current_epoch,
+            resized_from=strategy.resized_from,
+            rollbacks=strategy.rollbacks,
             applied=None if applied is None else {**applied.__dict__, "global_batch": applied.global_batch},
             adascale_gain=strategy.gain if cfg["rule"] == "adascale" else None,
-            schedule_progress=schedule.progress, schedule_total=schedule.total_samples,
+            schedule_progress=schedule.progress,
+            schedule_total=schedule.total_samples,
             final_lr=float(trainer.optimizers[0].param_groups[0]["lr"]),
-            fit_s=fit_s, worker_s=time.perf_counter() - t_start, threads=torch.get_num_threads(),
-            library=fingerprint, library_path=str(package),
+            fit_s=fit_s,
+            worker_s=time.perf_counter() - t_start,
+            threads=torch.get_num_threads(),
+            library=fingerprint,
+            library_path=str(package),
         )
         out.write_text(json.dumps(record))
 
@@ -270,13 +303,21 @@ def render_data(seed: int, train_size: int, val_size: int, path: Path) -> None:
 
 def launch(cfg: dict[str, Any], log: Path, library: Path) -> tuple[dict[str, Any], float]:
     """Run one phase in a fresh process on the library snapshot; return rank 0's record and the wall time."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(library), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(library), os.environ.get("PYTHONPATH")])),
+    }
     env.pop("MASTER_PORT", None)
     start = time.perf_counter()
     with log.open("w") as handle:
         done = subprocess.run(
             [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(cfg)],
-            check=False, cwd=log.parent, stdout=handle, stderr=subprocess.STDOUT, env=env, timeout=900,
+            check=False,
+            cwd=log.parent,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=900,
         )
     wall = time.perf_counter() - start
     if done.returncode != 0:
@@ -315,7 +356,8 @@ class Bench:
         # A private copy of the package, taken now: the working tree may change under a long run.
         self.snapshot = workdir / "lib"
         shutil.copytree(
-            REPO_ROOT / "lightning_bandlimit", self.snapshot / "lightning_bandlimit",
+            REPO_ROOT / "lightning_bandlimit",
+            self.snapshot / "lightning_bandlimit",
             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
         )
         self.library = library_fingerprint(self.snapshot / "lightning_bandlimit")
@@ -329,13 +371,24 @@ class Bench:
             )
         return record, wall
 
-    def base_cfg(self, optimizer: str, rule: str, seed: int, devices: int, accumulation: int, out: Path) -> dict[str, Any]:
+    def base_cfg(
+        self, optimizer: str, rule: str, seed: int, devices: int, accumulation: int, out: Path
+    ) -> dict[str, Any]:
         a = self.args
         return {
-            "optimizer": optimizer, "rule": rule, "seed": seed, "devices": devices, "accumulation": accumulation,
-            "epochs": a.epochs, "train_size": a.train_size, "val_size": a.val_size, "batch": a.batch,
-            "width": a.width, "lr": a.lr_sgd if optimizer == "sgd" else a.lr_adamw,
-            "data": str(self.workdir / f"data-seed{seed}.pt"), "out": str(out),
+            "optimizer": optimizer,
+            "rule": rule,
+            "seed": seed,
+            "devices": devices,
+            "accumulation": accumulation,
+            "epochs": a.epochs,
+            "train_size": a.train_size,
+            "val_size": a.val_size,
+            "batch": a.batch,
+            "width": a.width,
+            "lr": a.lr_sgd if optimizer == "sgd" else a.lr_adamw,
+            "data": str(self.workdir / f"data-seed{seed}.pt"),
+            "out": str(out),
         }
 
     def first_phase(self, optimizer: str, seed: int) -> dict[str, Any]:
@@ -347,8 +400,11 @@ class Bench:
             cfg = self.base_cfg(optimizer, "none", seed, 1, 1, folder / "phase1.json")
             cfg.update(phase_end=self.ends[0], save=str(folder / "phase1.ckpt"))
             record, wall = self.launch(cfg, folder / "phase1.log")
-            self._first[key] = {"record": {**record, "wall_s": wall}, "ckpt": cfg["save"],
-                                "indices": sorted(folder.glob("phase1-indices-rank*.json"))}
+            self._first[key] = {
+                "record": {**record, "wall_s": wall},
+                "ckpt": cfg["save"],
+                "indices": sorted(folder.glob("phase1-indices-rank*.json")),
+            }
         return self._first[key]
 
     def run(self, optimizer: str, schedule: str, rule: str, seed: int) -> dict[str, Any]:
@@ -367,7 +423,9 @@ class Bench:
             index_files += first["indices"]
             resume = first["ckpt"]
             for number, (devices, accumulation) in enumerate(SCHEDULES[schedule][1:], start=2):
-                cfg = self.base_cfg(optimizer, rule, seed, devices, accumulation, folder / f"phase{number}.json")
+                cfg = self.base_cfg(
+                    optimizer, rule, seed, devices, accumulation, folder / f"phase{number}.json"
+                )
                 cfg["resume"] = resume
                 if number < len(SCHEDULES[schedule]):
                     cfg.update(phase_end=self.ends[number - 1], save=str(folder / f"phase{number}.ckpt"))
@@ -382,12 +440,21 @@ class Bench:
             raise RuntimeError(f"{folder.name}: {final['samples_seen']} samples seen, planned {self.total}")
         exactly_once = check_exactly_once(index_files, self.args.epochs, self.args.train_size)
         if not exactly_once:
-            raise RuntimeError(f"{folder.name}: the phases did not see each training sample exactly once per epoch")
+            raise RuntimeError(
+                f"{folder.name}: the phases did not see each training sample exactly once per epoch"
+            )
         return {
-            "optimizer": optimizer, "schedule": schedule, "rule": rule, "seed": seed,
-            "val_acc": final["val_acc"], "val_loss": final["val_loss"], "samples_seen": final["samples_seen"],
-            "exactly_once": exactly_once, "wall_s": sum(p["wall_s"] for p in phases),
-            "fit_s": sum(p["fit_s"] for p in phases), "rollbacks": sum(len(p["rollbacks"]) for p in phases),
+            "optimizer": optimizer,
+            "schedule": schedule,
+            "rule": rule,
+            "seed": seed,
+            "val_acc": final["val_acc"],
+            "val_loss": final["val_loss"],
+            "samples_seen": final["samples_seen"],
+            "exactly_once": exactly_once,
+            "wall_s": sum(p["wall_s"] for p in phases),
+            "fit_s": sum(p["fit_s"] for p in phases),
+            "rollbacks": sum(len(p["rollbacks"]) for p in phases),
             "phases": phases,
         }
 
@@ -421,27 +488,38 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         acc_mean, acc_std = mean_std(acc)
         fixed_mean = statistics.fmean(100 * r["val_acc"] for r in fixed.values()) if fixed else math.nan
         diff = acc_mean - fixed_mean
-        rows.append({
-            "optimizer": optimizer, "schedule": schedule, "rule": rule, "seeds": sorted(r["seed"] for r in runs),
-            "acc_mean": acc_mean, "acc_std": acc_std, "diff_points": diff,
-            "paired_diff_mean": mean_std(paired)[0] if paired else math.nan,
-            "paired_diff_std": mean_std(paired)[1] if paired else math.nan,
-            "within_target": None if schedule == "fixed" else bool(abs(diff) <= TARGET_POINTS),
-            "wall_s_mean": statistics.fmean(r["wall_s"] for r in runs),
-            "fit_s_mean": statistics.fmean(r["fit_s"] for r in runs),
-            "rollbacks": sum(r["rollbacks"] for r in runs),
-        })
+        rows.append(
+            {
+                "optimizer": optimizer,
+                "schedule": schedule,
+                "rule": rule,
+                "seeds": sorted(r["seed"] for r in runs),
+                "acc_mean": acc_mean,
+                "acc_std": acc_std,
+                "diff_points": diff,
+                "paired_diff_mean": mean_std(paired)[0] if paired else math.nan,
+                "paired_diff_std": mean_std(paired)[1] if paired else math.nan,
+                "within_target": None if schedule == "fixed" else bool(abs(diff) <= TARGET_POINTS),
+                "wall_s_mean": statistics.fmean(r["wall_s"] for r in runs),
+                "fit_s_mean": statistics.fmean(r["fit_s"] for r in runs),
+                "rollbacks": sum(r["rollbacks"] for r in runs),
+            }
+        )
     return rows
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    header = (f"{'opt':<6} {'schedule':<7} {'rule':<17} {'val acc % (mean +- std)':>23} {'diff pts':>8} "
-              f"{'paired diff':>14} {'<=0.5':>5} {'wall s':>7} {'fit s':>6} {'rollb':>5}")
+    header = (
+        f"{'opt':<6} {'schedule':<7} {'rule':<17} {'val acc % (mean +- std)':>23} {'diff pts':>8} "
+        f"{'paired diff':>14} {'<=0.5':>5} {'wall s':>7} {'fit s':>6} {'rollb':>5}"
+    )
     lines = [header, "-" * len(header)]
     for r in rows:
         within = "-" if r["within_target"] is None else ("yes" if r["within_target"] else "NO")
         diff = "-" if r["schedule"] == "fixed" else f"{r['diff_points']:+.2f}"
-        paired = "-" if r["schedule"] == "fixed" else f"{r['paired_diff_mean']:+.2f} +- {r['paired_diff_std']:.2f}"
+        paired = (
+            "-" if r["schedule"] == "fixed" else f"{r['paired_diff_mean']:+.2f} +- {r['paired_diff_std']:.2f}"
+        )
         lines.append(
             f"{r['optimizer']:<6} {r['schedule']:<7} {r['rule']:<17} {r['acc_mean']:>14.2f} +- {r['acc_std']:<5.2f} "
             f"{diff:>8} {paired:>14} {within:>5} {r['wall_s_mean']:>7.1f} {r['fit_s_mean']:>6.1f} {r['rollbacks']:>5}"
@@ -459,8 +537,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig = Figure(figsize=(5.5 * len(optimizers), 7.6))
     FigureCanvasAgg(fig)
     axes = fig.subplots(2, len(optimizers), squeeze=False)
-    markers = {"1-1-1": ("^", "tab:gray", "restarted 1-1-1 (control)"), "1-2-1": ("o", "tab:blue", "resized 1-2-1"),
-               "1-4x-1": ("s", "tab:orange", "resized 1-4x-1")}
+    markers = {
+        "1-1-1": ("^", "tab:gray", "restarted 1-1-1 (control)"),
+        "1-2-1": ("o", "tab:blue", "resized 1-2-1"),
+        "1-4x-1": ("s", "tab:orange", "resized 1-4x-1"),
+    }
     for column, optimizer in enumerate(optimizers):
         top, bottom = axes[0][column], axes[1][column]
         mine = [r for r in rows if r["optimizer"] == optimizer]
@@ -468,8 +549,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         fixed = next((r for r in mine if r["schedule"] == "fixed"), None)
         if fixed is not None:
             top.axhline(fixed["acc_mean"], color="k", lw=1, label="fixed run (1 process), mean over seeds")
-            top.axhspan(fixed["acc_mean"] - TARGET_POINTS, fixed["acc_mean"] + TARGET_POINTS, color="0.85",
-                        label="target: within 0.5 points of it")
+            top.axhspan(
+                fixed["acc_mean"] - TARGET_POINTS,
+                fixed["acc_mean"] + TARGET_POINTS,
+                color="0.85",
+                label="target: within 0.5 points of it",
+            )
         bottom.axhline(0.0, color="k", lw=1)
         bottom.axhspan(-TARGET_POINTS, TARGET_POINTS, color="0.85")
         schedules = [s for s in markers if any(r["schedule"] == s for r in mine)]
@@ -477,13 +562,30 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             marker, colour, label = markers[schedule]
             offset = (k - (len(schedules) - 1) / 2) * 0.18
             points = [
-                (i + offset, r) for i, rule in enumerate(rules) for r in mine if (r["rule"], r["schedule"]) == (rule, schedule)
+                (i + offset, r)
+                for i, rule in enumerate(rules)
+                for r in mine
+                if (r["rule"], r["schedule"]) == (rule, schedule)
             ]
             xs = [x for x, _ in points]
-            top.errorbar(xs, [r["acc_mean"] for _, r in points], yerr=[r["acc_std"] for _, r in points],
-                         fmt=marker, color=colour, capsize=3, label=label)
-            bottom.errorbar(xs, [r["paired_diff_mean"] for _, r in points], yerr=[r["paired_diff_std"] for _, r in points],
-                            fmt=marker, color=colour, capsize=3, label=label)
+            top.errorbar(
+                xs,
+                [r["acc_mean"] for _, r in points],
+                yerr=[r["acc_std"] for _, r in points],
+                fmt=marker,
+                color=colour,
+                capsize=3,
+                label=label,
+            )
+            bottom.errorbar(
+                xs,
+                [r["paired_diff_mean"] for _, r in points],
+                yerr=[r["paired_diff_std"] for _, r in points],
+                fmt=marker,
+                color=colour,
+                capsize=3,
+                label=label,
+            )
         for ax in (top, bottom):
             ax.set_xticks(range(len(rules)), rules, rotation=20)
             ax.grid(axis="y", alpha=0.3)
@@ -504,7 +606,9 @@ def versions() -> dict[str, Any]:
 
     def git(*cmd: str) -> str | None:
         try:
-            done = subprocess.run(["git", *cmd], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=False)
+            done = subprocess.run(
+                ["git", *cmd], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=False
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return done.stdout.strip() if done.returncode == 0 else None
@@ -517,44 +621,81 @@ def versions() -> dict[str, Any]:
         pass
     status = git("status", "--porcelain")
     return {
-        "python": platform.python_version(), "torch": torch.__version__, "lightning": lightning.__version__,
-        "cpu": cpu, "cores": len(os.sched_getaffinity(0)), "git_commit": git("rev-parse", "HEAD"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)),
+        "git_commit": git("rev-parse", "HEAD"),
         "git_dirty": None if status is None else bool(status),
         "timestamp": datetime.datetime.now().isoformat(timespec="seconds"),
     }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--quick", action="store_true", help="smoke run: seed 0, 1-4x-1 with linear and sqrt, tiny budget")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: seed 0, 1-4x-1 with linear and sqrt, tiny budget"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: 0 1 2 (0 with --quick)")
-    parser.add_argument("--rules", nargs="+", choices=ALL_RULES, default=None,
-                        help="rules of the resized runs (default: all; 'none' is run for every optimizer)")
+    parser.add_argument(
+        "--rules",
+        nargs="+",
+        choices=ALL_RULES,
+        default=None,
+        help="rules of the resized runs (default: all; 'none' is run for every optimizer)",
+    )
     parser.add_argument("--optimizers", nargs="+", choices=OPTIMIZERS, default=list(OPTIMIZERS))
-    parser.add_argument("--schedules", nargs="+", choices=["1-1-1", "1-2-1", "1-4x-1"], default=None,
-                        help="resized schedules (1-1-1: two restarts without a resize, a control; default: all; "
-                        "1-4x-1 with --quick)")
-    parser.add_argument("--train-size", type=int, default=None, help="training images (default 4096; 512 with --quick)")
-    parser.add_argument("--val-size", type=int, default=None, help="validation images (default 2000; 500 with --quick)")
-    parser.add_argument("--epochs", type=int, default=None, help="epochs of budget (default 5; 2 with --quick)")
+    parser.add_argument(
+        "--schedules",
+        nargs="+",
+        choices=["1-1-1", "1-2-1", "1-4x-1"],
+        default=None,
+        help="resized schedules (1-1-1: two restarts without a resize, a control; default: all; "
+        "1-4x-1 with --quick)",
+    )
+    parser.add_argument(
+        "--train-size", type=int, default=None, help="training images (default 4096; 512 with --quick)"
+    )
+    parser.add_argument(
+        "--val-size", type=int, default=None, help="validation images (default 2000; 500 with --quick)"
+    )
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="epochs of budget (default 5; 2 with --quick)"
+    )
     parser.add_argument("--batch", type=int, default=64, help="per-device batch")
     parser.add_argument("--width", type=int, default=8, help="small_cnn width")
     parser.add_argument("--lr-sgd", type=float, default=0.1, help="base LR of SGD (all rules)")
     parser.add_argument("--lr-adamw", type=float, default=1e-2, help="base LR of AdamW (all rules)")
-    parser.add_argument("--output", type=Path, default=None,
-                        help=f"JSON path (default {DEFAULT_OUTPUT.relative_to(REPO_ROOT)}, elastic-quick.json with "
-                        "--quick); "
-                        "the plot is written next to it with .png")
-    parser.add_argument("--workdir", type=Path, default=None,
-                        help="keep the library copy, checkpoints and logs here (a new or empty directory; "
-                        "default: a temporary one, removed)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help=f"JSON path (default {DEFAULT_OUTPUT.relative_to(REPO_ROOT)}, elastic-quick.json with "
+        "--quick); "
+        "the plot is written next to it with .png",
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep the library copy, checkpoints and logs here (a new or empty directory; "
+        "default: a temporary one, removed)",
+    )
     args = parser.parse_args(argv)
     quick = args.quick
-    defaults = {"seeds": [0] if quick else [0, 1, 2], "rules": ["linear", "sqrt"] if quick else list(ALL_RULES),
-                "schedules": ["1-4x-1"] if quick else ["1-1-1", "1-2-1", "1-4x-1"],
-                "train_size": 512 if quick else 4096, "val_size": 500 if quick else 2000, "epochs": 2 if quick else 5,
-                "output": DEFAULT_OUTPUT.with_name("elastic-quick.json") if quick else DEFAULT_OUTPUT}
+    defaults = {
+        "seeds": [0] if quick else [0, 1, 2],
+        "rules": ["linear", "sqrt"] if quick else list(ALL_RULES),
+        "schedules": ["1-4x-1"] if quick else ["1-1-1", "1-2-1", "1-4x-1"],
+        "train_size": 512 if quick else 4096,
+        "val_size": 500 if quick else 2000,
+        "epochs": 2 if quick else 5,
+        "output": DEFAULT_OUTPUT.with_name("elastic-quick.json") if quick else DEFAULT_OUTPUT,
+    }
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -577,11 +718,17 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(bench.snapshot))  # the parent renders the data with the snapshot too
     changed = subprocess.run(
         ["git", "status", "--porcelain", "--", *(f"lightning_bandlimit/{d}" for d in FINGERPRINTED)],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=False,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     library_changed = None if changed.returncode else bool(changed.stdout.strip())
-    print(f"budget {bench.total} samples ({args.epochs} x {args.train_size}), phase ends {bench.ends}; "
-          f"{len(runs)} configurations x {len(args.seeds)} seeds; work dir {workdir}", flush=True)
+    print(
+        f"budget {bench.total} samples ({args.epochs} x {args.train_size}), phase ends {bench.ends}; "
+        f"{len(runs)} configurations x {len(args.seeds)} seeds; work dir {workdir}",
+        flush=True,
+    )
     results: list[dict[str, Any]] = []
     try:
         for seed in args.seeds:
@@ -591,9 +738,12 @@ def main(argv: list[str] | None = None) -> None:
             for optimizer, schedule, rule in runs:
                 result = bench.run(optimizer, schedule, rule, seed)
                 results.append(result)
-                print(f"  {optimizer:<6} {schedule:<7} {rule:<17} seed {seed}: val acc {100 * result['val_acc']:6.2f} %  "
-                      f"wall {result['wall_s']:6.1f} s  rollbacks {result['rollbacks']}  "
-                      f"[{time.perf_counter() - started:6.0f} s elapsed]", flush=True)
+                print(
+                    f"  {optimizer:<6} {schedule:<7} {rule:<17} seed {seed}: val acc {100 * result['val_acc']:6.2f} %  "
+                    f"wall {result['wall_s']:6.1f} s  rollbacks {result['rollbacks']}  "
+                    f"[{time.perf_counter() - started:6.0f} s elapsed]",
+                    flush=True,
+                )
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -603,16 +753,28 @@ def main(argv: list[str] | None = None) -> None:
     print()
     print(table)
     misses = [f"{r['optimizer']} {r['schedule']} {r['rule']}" for r in rows if r["within_target"] is False]
-    print(f"\ntarget |diff| <= {TARGET_POINTS} points of the fixed run: "
-          + ("all resized runs meet it" if not misses else f"missed by {', '.join(misses)}"))
+    print(
+        f"\ntarget |diff| <= {TARGET_POINTS} points of the fixed run: "
+        + ("all resized runs meet it" if not misses else f"missed by {', '.join(misses)}")
+    )
     print(f"total wall time {elapsed:.0f} s")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     report = {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "worker"}
-        | {"total_samples": bench.total, "phase_ends": list(bench.ends), "schedules": SCHEDULES,
-           "target_points": TARGET_POINTS, "cpu_threads_per_process": 1, "library_fingerprint": bench.library,
-           "library_uncommitted_changes": library_changed},
-        "versions": info, "elapsed_s": elapsed, "table": rows, "table_text": table, "results": results,
+        | {
+            "total_samples": bench.total,
+            "phase_ends": list(bench.ends),
+            "schedules": SCHEDULES,
+            "target_points": TARGET_POINTS,
+            "cpu_threads_per_process": 1,
+            "library_fingerprint": bench.library,
+            "library_uncommitted_changes": library_changed,
+        },
+        "versions": info,
+        "elapsed_s": elapsed,
+        "table": rows,
+        "table_text": table,
+        "results": results,
     }
     args.output.write_text(json.dumps(report, indent=2))
     plot(rows, args.output.with_suffix(".png"))

@@ -90,7 +90,9 @@ def _quartiles(values: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
-def _bare(cfg: dict[str, Any], settings: list[float | None], args: argparse.Namespace) -> dict[Any, dict[str, Any]]:
+def _bare(
+    cfg: dict[str, Any], settings: list[float | None], args: argparse.Namespace
+) -> dict[Any, dict[str, Any]]:
     from lightning_bandlimit import bandlimit
     from lightning_bandlimit.models.backbones import build_backbone
 
@@ -135,7 +137,9 @@ def _bare(cfg: dict[str, Any], settings: list[float | None], args: argparse.Name
     return out
 
 
-def _trainer(cfg: dict[str, Any], settings: list[float | None], args: argparse.Namespace) -> dict[Any, dict[str, Any]]:
+def _trainer(
+    cfg: dict[str, Any], settings: list[float | None], args: argparse.Namespace
+) -> dict[Any, dict[str, Any]]:
     import lightning.pytorch as pl
     from torch.utils.data import TensorDataset
 
@@ -178,7 +182,9 @@ def _trainer(cfg: dict[str, Any], settings: list[float | None], args: argparse.N
                 enable_progress_bar=False,
                 enable_model_summary=False,
             )
-            data = pl.LightningDataModule.from_datasets(TensorDataset(images, labels), batch_size=cfg["batch"])
+            data = pl.LightningDataModule.from_datasets(
+                TensorDataset(images, labels), batch_size=cfg["batch"]
+            )
             trainer.fit(model, data)
             times[c] += timer.times[args.warmup :]
             swapped[c] = _swapped(model)
@@ -196,7 +202,9 @@ def _trainer(cfg: dict[str, Any], settings: list[float | None], args: argparse.N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--paths", nargs="+", default=["bare", "trainer"], choices=["bare", "trainer"])
@@ -249,11 +257,21 @@ def main(argv: list[str] | None = None) -> int:
                         f"{f'{low:.2f}-{high:.2f}':>13} {verdict:>13}"
                     )
                     records.append(
-                        dict(model=name, path=path, compression=c, tf32=tf32 if args.device == "cuda" else None,
-                             target=target, passed=None if target is None else ok, **cfg, **row)
+                        dict(
+                            model=name,
+                            path=path,
+                            compression=c,
+                            tf32=tf32 if args.device == "cuda" else None,
+                            target=target,
+                            passed=None if target is None else ok,
+                            **cfg,
+                            **row,
+                        )
                     )
     print("\n".join(lines))
-    print(f"\nall targets: {'PASS' if all_pass else 'MISS'}{' (no targets with --quick)' if args.quick else ''}")
+    print(
+        f"\nall targets: {'PASS' if all_pass else 'MISS'}{' (no targets with --quick)' if args.quick else ''}"
+    )
     sys.path.insert(0, str(Path(__file__).parent))
     from conv import device_name, git_commit, git_dirty  # shared benchmark metadata
 
@@ -262,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "benchmark": "model_speed",
-                "command": "PYTHONPATH=. .venv/bin/python benchmarks/model_speed.py" + " ".join([""] + (argv or sys.argv[1:])),
+                "command": "PYTHONPATH=. .venv/bin/python benchmarks/model_speed.py"
+                + " ".join([""] + (argv or sys.argv[1:])),
                 "records": records,
                 "all_targets_pass": all_pass,
                 "meta": {

@@ -62,7 +62,9 @@ def _mean_std(values: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--train-size", type=int, default=8192)
@@ -80,8 +82,14 @@ def main() -> None:
 
     ramp = RampTrace(low=int(args.low_mib * MIB), high=int(args.high_mib * MIB))
     trace = asdict(ramp)
-    overrides = ["--trainer.max_epochs", str(args.epochs), "--data.train_size", str(args.train_size),
-                 "--data.batch_size", str(args.batch_size)]
+    overrides = [
+        "--trainer.max_epochs",
+        str(args.epochs),
+        "--data.train_size",
+        str(args.train_size),
+        "--data.batch_size",
+        str(args.batch_size),
+    ]
     started = time.perf_counter()
     rows: list[dict] = []
     first: list[JobResult] = []
@@ -93,65 +101,115 @@ def main() -> None:
         budget = budget_for(plain, ramp, below=args.below)
         min_free, release_free = adaptive_thresholds(plain)
         jobs = [("plain", plain)]
-        adaptive = launch(JobSpec(
-            f"adaptive (floor {args.floor:g})", "adaptive", str(work / "adaptive"), trace, overrides=seeded,
-            compression=args.floor, max_compression=0.9, budget=budget,
-            min_free=min_free, release_free=release_free, recalibrate_bn=args.recalibrate_bn,
-        ))
+        adaptive = launch(
+            JobSpec(
+                f"adaptive (floor {args.floor:g})",
+                "adaptive",
+                str(work / "adaptive"),
+                trace,
+                overrides=seeded,
+                compression=args.floor,
+                max_compression=0.9,
+                budget=budget,
+                min_free=min_free,
+                release_free=release_free,
+                recalibrate_bn=args.recalibrate_bn,
+            )
+        )
         jobs.append((adaptive.name, adaptive))
         for c in args.fixed:
-            fixed = launch(JobSpec(f"fixed {c:g}", "fixed", str(work / f"fixed{c:g}"), trace, overrides=seeded, compression=c,
-                                 recalibrate_bn=args.recalibrate_bn))
+            fixed = launch(
+                JobSpec(
+                    f"fixed {c:g}",
+                    "fixed",
+                    str(work / f"fixed{c:g}"),
+                    trace,
+                    overrides=seeded,
+                    compression=c,
+                    recalibrate_bn=args.recalibrate_bn,
+                )
+            )
             jobs.append((fixed.name, fixed))
         for name, result in jobs:
             row = {k: v for k, v in asdict(result).items() if k != "timeline"}
-            row.update(seed=seed, setting=name, budget_bytes=budget, over_budget_steps=over_budget(result, budget),
-                       steps=len(result.timeline), compressions=sorted({r["compression"] for r in result.timeline}))
+            row.update(
+                seed=seed,
+                setting=name,
+                budget_bytes=budget,
+                over_budget_steps=over_budget(result, budget),
+                steps=len(result.timeline),
+                compressions=sorted({r["compression"] for r in result.timeline}),
+            )
             rows.append(row)
-            print(f"seed {seed} {name:<22} acc {result.val_accuracy:.3f}  over budget {row['over_budget_steps']:>3}/{row['steps']}"
-                  f"  peak {result.peak_job_bytes / MIB:.0f} MiB  step {result.step_ms:.0f} ms  c {result.final_compression:.2f}", flush=True)
+            print(
+                f"seed {seed} {name:<22} acc {result.val_accuracy:.3f}  over budget {row['over_budget_steps']:>3}/{row['steps']}"
+                f"  peak {result.peak_job_bytes / MIB:.0f} MiB  step {result.step_ms:.0f} ms  c {result.final_compression:.2f}",
+                flush=True,
+            )
         if not first:
             first, first_budget = [r for _, r in jobs], budget
 
     settings = list(dict.fromkeys(r["setting"] for r in rows))
     plain_acc = {r["seed"]: r["val_accuracy"] for r in rows if r["setting"] == "plain"}
     summary = []
-    print(f"\n{'setting':<22} {'val acc (mean +- std)':>22} {'acc - plain':>16} {'over-budget steps':>17} {'peak MiB':>9} {'step ms':>8}")
+    print(
+        f"\n{'setting':<22} {'val acc (mean +- std)':>22} {'acc - plain':>16} {'over-budget steps':>17} {'peak MiB':>9} {'step ms':>8}"
+    )
     for name in settings:
         group = [r for r in rows if r["setting"] == name]
         diffs = [r["val_accuracy"] - plain_acc[r["seed"]] for r in group]
         entry = {
-            "setting": name, "seeds": [r["seed"] for r in group],
-            "val_accuracy": [r["val_accuracy"] for r in group], "accuracy_minus_plain": diffs,
+            "setting": name,
+            "seeds": [r["seed"] for r in group],
+            "val_accuracy": [r["val_accuracy"] for r in group],
+            "accuracy_minus_plain": diffs,
             "over_budget_steps": [r["over_budget_steps"] for r in group],
-            "peak_mib": [r["peak_job_bytes"] / MIB for r in group], "step_ms": [r["step_ms"] for r in group],
+            "peak_mib": [r["peak_job_bytes"] / MIB for r in group],
+            "step_ms": [r["step_ms"] for r in group],
         }
         summary.append(entry)
-        print(f"{name:<22} {_mean_std(entry['val_accuracy']):>22} {_mean_std(diffs):>16} "
-              f"{'/'.join(map(str, entry['over_budget_steps'])):>17} {statistics.mean(entry['peak_mib']):>9.0f} "
-              f"{statistics.mean(entry['step_ms']):>8.0f}")
+        print(
+            f"{name:<22} {_mean_std(entry['val_accuracy']):>22} {_mean_std(diffs):>16} "
+            f"{'/'.join(map(str, entry['over_budget_steps'])):>17} {statistics.mean(entry['peak_mib']):>9.0f} "
+            f"{statistics.mean(entry['step_ms']):>8.0f}"
+        )
     adaptive_entry = next(e for e in summary if e["setting"].startswith("adaptive"))
     verdicts = {
         "adaptive_zero_over_budget": all(n == 0 for n in adaptive_entry["over_budget_steps"]),
         "adaptive_within_2_points_of_plain": statistics.mean(adaptive_entry["accuracy_minus_plain"]) >= -0.02,
-        "plain_over_budget_every_seed": all(r["over_budget_steps"] > 0 for r in rows if r["setting"] == "plain"),
+        "plain_over_budget_every_seed": all(
+            r["over_budget_steps"] > 0 for r in rows if r["setting"] == "plain"
+        ),
     }
     for key, ok in verdicts.items():
         print(f"{key}: {'PASS' if ok else 'FAIL'}")
     args.output.mkdir(parents=True, exist_ok=True)
     report = {
-        "command": "PYTHONPATH=. python benchmarks/multitenant.py " + " ".join(
+        "command": "PYTHONPATH=. python benchmarks/multitenant.py "
+        + " ".join(
             f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k not in ("work", "output", "name")
+            for k, v in vars(args).items()
+            if k not in ("work", "output", "name")
         ),
-        "trace": trace, "overrides": overrides, "host_allocator_env": HOST_ALLOCATOR_ENV,
-        "rows": rows, "summary": summary, "verdicts": verdicts, "wall_s": time.perf_counter() - started,
-        "versions": {"torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version()},
+        "trace": trace,
+        "overrides": overrides,
+        "host_allocator_env": HOST_ALLOCATOR_ENV,
+        "rows": rows,
+        "summary": summary,
+        "verdicts": verdicts,
+        "wall_s": time.perf_counter() - started,
+        "versions": {
+            "torch": torch.__version__,
+            "lightning": lightning.__version__,
+            "python": platform.python_version(),
+        },
         "threads": torch.get_num_threads(),
     }
     json_path, png_path = args.output / f"{args.name}.json", args.output / f"{args.name}.png"
     json_path.write_text(json.dumps(report, indent=2))
-    plot_timelines(first, first_budget, png_path, title=f"seed {args.seeds[0]}: quickstart beside a co-tenant")
+    plot_timelines(
+        first, first_budget, png_path, title=f"seed {args.seeds[0]}: quickstart beside a co-tenant"
+    )
     print(f"wrote {json_path} and {png_path} ({report['wall_s'] / 60:.1f} min)")
 
 

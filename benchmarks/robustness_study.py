@@ -69,11 +69,21 @@ def _train(args: argparse.Namespace) -> dict[str, list[JobResult]]:
                 result = JobResult(**json.loads((out / "result.json").read_text()))
                 print(f"seed {seed} {variant}: reusing {out / 'result.json'}", flush=True)
             else:
-                result = launch(JobSpec(
-                    variant, mode, str(out), trace, overrides=overrides, compression=args.compression,
-                    recalibrate_bn=2,
-                ))
-            print(f"seed {seed} {variant:<14} val acc {result.val_accuracy:.3f}  {result.wall_s:.0f} s", flush=True)
+                result = launch(
+                    JobSpec(
+                        variant,
+                        mode,
+                        str(out),
+                        trace,
+                        overrides=overrides,
+                        compression=args.compression,
+                        recalibrate_bn=2,
+                    )
+                )
+            print(
+                f"seed {seed} {variant:<14} val acc {result.val_accuracy:.3f}  {result.wall_s:.0f} s",
+                flush=True,
+            )
             jobs[variant].append(result)
     return jobs
 
@@ -92,27 +102,50 @@ def _target(records: list[SimpleNamespace]) -> dict[str, Any]:
         if g.eps <= 0 or g.loss_mean < DECISIVE_LOSS:
             continue
         lim = means[(LIMITED, g.attack, g.eps)]
-        losses = [r.clean_accuracy - r.robust_accuracy for r in records
-                  if getattr(r, "attack", None) == g.attack and r.variant == LIMITED and math.isclose(r.eps, g.eps)]
+        losses = [
+            r.clean_accuracy - r.robust_accuracy
+            for r in records
+            if getattr(r, "attack", None) == g.attack and r.variant == LIMITED and math.isclose(r.eps, g.eps)
+        ]
         upper = lim.loss_mean
         if len(losses) > 1:
-            upper += float(stats.t.ppf(0.975, len(losses) - 1)) * statistics.stdev(losses) / math.sqrt(len(losses))
-        dropped.append({"attack": g.attack, "eps": g.eps, "full_loss": g.loss_mean, "limited_loss": lim.loss_mean,
-                        "limited_loss_upper95": upper, "met": upper <= TARGET_LOSS})
-    full_adaptive = [asdict(p) for p in paired_differences(records, LIMITED, FULL)
-                     if p.threat_class == "full-spectrum adaptive" and p.eps > 0]
+            upper += (
+                float(stats.t.ppf(0.975, len(losses) - 1)) * statistics.stdev(losses) / math.sqrt(len(losses))
+            )
+        dropped.append(
+            {
+                "attack": g.attack,
+                "eps": g.eps,
+                "full_loss": g.loss_mean,
+                "limited_loss": lim.loss_mean,
+                "limited_loss_upper95": upper,
+                "met": upper <= TARGET_LOSS,
+            }
+        )
+    full_adaptive = [
+        asdict(p)
+        for p in paired_differences(records, LIMITED, FULL)
+        if p.threat_class == "full-spectrum adaptive" and p.eps > 0
+    ]
     # an advantage: the band-limited model loses less, the interval excluding 0
-    advantage = [p for p in full_adaptive
-                 if math.isfinite(p["loss_half_width"]) and p["loss_mean"] + p["loss_half_width"] < 0]
+    advantage = [
+        p
+        for p in full_adaptive
+        if math.isfinite(p["loss_half_width"]) and p["loss_mean"] + p["loss_half_width"] < 0
+    ]
     sweeps: dict[str, float] = {}  # the full-spectrum model's largest loss per noise class and attack
     for g in means.values():
         if g.variant == FULL and g.threat_class and g.threat_class.endswith("noise"):
             key = f"{g.threat_class}: {g.attack}"
             sweeps[key] = max(sweeps.get(key, 0.0), g.loss_mean)
-    accuracy_advantage = [p for p in full_adaptive if math.isfinite(p["half_width"]) and p["mean"] - p["half_width"] > 0]
+    accuracy_advantage = [
+        p for p in full_adaptive if math.isfinite(p["half_width"]) and p["mean"] - p["half_width"] > 0
+    ]
     for p in full_adaptive:
         p["resolved"] = math.isfinite(p["half_width"]) and abs(p["mean"]) > p["half_width"]
-        p["loss_resolved"] = math.isfinite(p["loss_half_width"]) and abs(p["loss_mean"]) > p["loss_half_width"]
+        p["loss_resolved"] = (
+            math.isfinite(p["loss_half_width"]) and abs(p["loss_mean"]) > p["loss_half_width"]
+        )
     return {
         "full_spectrum_accuracy_advantage": accuracy_advantage,
         "noise_sweeps_full_loss": sweeps,
@@ -129,13 +162,20 @@ def _target(records: list[SimpleNamespace]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--compression", type=float, default=0.5, help="the band-limited variant's compression")
-    parser.add_argument("--work", type=Path, default=Path("runs/robustness-study"), help="jobs and the report")
+    parser.add_argument(
+        "--compression", type=float, default=0.5, help="the band-limited variant's compression"
+    )
+    parser.add_argument(
+        "--work", type=Path, default=Path("runs/robustness-study"), help="jobs and the report"
+    )
     parser.add_argument("--limited", type=Path, nargs="*", help="band-limited checkpoints (skip training)")
     parser.add_argument("--full", type=Path, nargs="*", help="full-spectrum checkpoints, paired by position")
     parser.add_argument("--config", default="robustness_study", help="the robustness recipe's config")
-    parser.add_argument("--extra", default="", help="more arguments for lightning-bandlimit robustness, one string "
-                        "(e.g. --extra='--limit 64')")
+    parser.add_argument(
+        "--extra",
+        default="",
+        help="more arguments for lightning-bandlimit robustness, one string (e.g. --extra='--limit 64')",
+    )
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--name", default="robustness_study")
     args = parser.parse_args()
@@ -151,60 +191,104 @@ def main() -> None:
     training_s = time.perf_counter() - started
     report_dir = args.work / "report"
     evaluated = time.perf_counter()
-    robustness([
-        "--config", args.config, "--models", json.dumps(checkpoints), "--output_dir", str(report_dir),
-        "--overwrite", "true", "--strict", "false", *shlex.split(args.extra),
-    ])
+    robustness(
+        [
+            "--config",
+            args.config,
+            "--models",
+            json.dumps(checkpoints),
+            "--output_dir",
+            str(report_dir),
+            "--overwrite",
+            "true",
+            "--strict",
+            "false",
+            *shlex.split(args.extra),
+        ]
+    )
     evaluation_s = time.perf_counter() - evaluated
     results = json.loads((report_dir / "results.json").read_text())
     records = _records(results)
     target = _target(records)
     print(f"\ntarget (issue 13), computed from {report_dir / 'results.json'}:")
     for d in target["dropped_band"]:
-        print(f"  {d['attack']} eps {d['eps']:.4g}: full-spectrum lost {100 * d['full_loss']:.1f} points, band-limited "
-              f"{100 * d['limited_loss']:.1f} (95 % upper {100 * d['limited_loss_upper95']:.1f}) -> "
-              f"{'MET' if d['met'] else 'MISSED'}")
+        print(
+            f"  {d['attack']} eps {d['eps']:.4g}: full-spectrum lost {100 * d['full_loss']:.1f} points, band-limited "
+            f"{100 * d['limited_loss']:.1f} (95 % upper {100 * d['limited_loss_upper95']:.1f}) -> "
+            f"{'MET' if d['met'] else 'MISSED'}"
+        )
     if not target["dropped_band_resolved"]:
-        print("  no dropped-band strength cost the full-spectrum model 20 points: UNRESOLVED (extend the sweep)")
+        print(
+            "  no dropped-band strength cost the full-spectrum model 20 points: UNRESOLVED (extend the sweep)"
+        )
     for key, loss in target["noise_sweeps_full_loss"].items():
-        print(f"  sweep {key}: the full-spectrum model lost up to {100 * loss:.1f} points"
-              f"{'' if loss >= 0.30 else ' (below 30: the sweep does not reach the strength the issue asks for)'}")
+        print(
+            f"  sweep {key}: the full-spectrum model lost up to {100 * loss:.1f} points"
+            f"{'' if loss >= 0.30 else ' (below 30: the sweep does not reach the strength the issue asks for)'}"
+        )
     for p in target["full_spectrum_adaptive"]:
-        loss = "LOSES LESS" if p["loss_resolved"] and p["loss_mean"] < 0 else (
-            "loses more" if p["loss_resolved"] else "no resolved loss difference")
-        ends = "ENDS HIGHER" if p["resolved"] and p["mean"] > 0 else (
-            "ends lower" if p["resolved"] else "no resolved accuracy difference")
-        print(f"  {p['attack']} eps {p['eps']:.4g}: band-limited {loss} ({100 * p['loss_mean']:+.1f} +- "
-              f"{100 * p['loss_half_width']:.1f}), {ends} ({100 * p['mean']:+.1f} +- {100 * p['half_width']:.1f})")
-    print(f"  full-spectrum adaptive attacks, robustness advantage of the band-limited model: "
-          f"{'none' if target['no_full_spectrum_advantage'] else 'YES by the loss'} (a smaller loss whose 95 % interval "
-          f"excludes 0); {'none' if not target['full_spectrum_accuracy_advantage'] else 'YES'} by accuracy under attack")
+        loss = (
+            "LOSES LESS"
+            if p["loss_resolved"] and p["loss_mean"] < 0
+            else ("loses more" if p["loss_resolved"] else "no resolved loss difference")
+        )
+        ends = (
+            "ENDS HIGHER"
+            if p["resolved"] and p["mean"] > 0
+            else ("ends lower" if p["resolved"] else "no resolved accuracy difference")
+        )
+        print(
+            f"  {p['attack']} eps {p['eps']:.4g}: band-limited {loss} ({100 * p['loss_mean']:+.1f} +- "
+            f"{100 * p['loss_half_width']:.1f}), {ends} ({100 * p['mean']:+.1f} +- {100 * p['half_width']:.1f})"
+        )
+    print(
+        f"  full-spectrum adaptive attacks, robustness advantage of the band-limited model: "
+        f"{'none' if target['no_full_spectrum_advantage'] else 'YES by the loss'} (a smaller loss whose 95 % interval "
+        f"excludes 0); {'none' if not target['full_spectrum_accuracy_advantage'] else 'YES'} by accuracy under attack"
+    )
     args.output.mkdir(parents=True, exist_ok=True)
-    for source, suffix in (("summary.md", ".md"), ("accuracy_vs_eps.png", "_accuracy.png"),
-                           ("heat_map_difference.png", "_heat_maps.png")):
+    for source, suffix in (
+        ("summary.md", ".md"),
+        ("accuracy_vs_eps.png", "_accuracy.png"),
+        ("heat_map_difference.png", "_heat_maps.png"),
+    ):
         if (report_dir / source).is_file():
             shutil.copyfile(report_dir / source, args.output / f"{args.name}{suffix}")
     limited_name, full_name = LIMITED, FULL
     report = {
-        "command": "PYTHONPATH=. python benchmarks/robustness_study.py " + " ".join(
+        "command": "PYTHONPATH=. python benchmarks/robustness_study.py "
+        + " ".join(
             f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}"
-            for k, v in vars(args).items() if k in ("seeds", "compression", "config") and v is not None
+            for k, v in vars(args).items()
+            if k in ("seeds", "compression", "config") and v is not None
         ),
         "checkpoints": checkpoints,
-        "training": {v: [{k: x for k, x in asdict(r).items() if k != "timeline"} for r in rs] for v, rs in jobs.items()},
+        "training": {
+            v: [{k: x for k, x in asdict(r).items() if k != "timeline"} for r in rs] for v, rs in jobs.items()
+        },
         "aggregates": [asdict(g) for g in aggregate(records)],
         "paired": [asdict(p) for p in paired_differences(records, limited_name, full_name)],
-        "verdicts": [{**asdict(v), "sentence": v.sentence()} for v in verdicts(records, limited_name, full_name)],
+        "verdicts": [
+            {**asdict(v), "sentence": v.sentence()} for v in verdicts(records, limited_name, full_name)
+        ],
         "target": target,
         "config": results.get("config"),
-        "training_s": training_s, "evaluation_s": evaluation_s, "wall_s": time.perf_counter() - started,
-        "versions": {"torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version()},
+        "training_s": training_s,
+        "evaluation_s": evaluation_s,
+        "wall_s": time.perf_counter() - started,
+        "versions": {
+            "torch": torch.__version__,
+            "lightning": lightning.__version__,
+            "python": platform.python_version(),
+        },
         "threads": torch.get_num_threads(),
     }
     path = args.output / f"{args.name}.json"
     path.write_text(json.dumps(report, indent=2, default=str))
-    print(f"wrote {path} ({report['wall_s'] / 60:.1f} min: training {training_s / 60:.1f}, "
-          f"evaluation {evaluation_s / 60:.1f})")
+    print(
+        f"wrote {path} ({report['wall_s'] / 60:.1f} min: training {training_s / 60:.1f}, "
+        f"evaluation {evaluation_s / 60:.1f})"
+    )
 
 
 if __name__ == "__main__":

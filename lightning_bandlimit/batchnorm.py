@@ -31,8 +31,11 @@ Forward = Callable[[nn.Module, Any], Any]
 def batchnorm_modules(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
     """The model's BatchNorm modules that keep running statistics."""
     return [
-        m for m in model.modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats and m.running_mean is not None
+        m
+        for m in model.modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        and m.track_running_stats
+        and m.running_mean is not None
     ]
 
 

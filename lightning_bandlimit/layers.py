@@ -27,7 +27,11 @@ def _twin(source: nn.Module, cls: type, skip: tuple[str, ...] = ()) -> Any:
     """A new ``cls`` object with ``source``'s state: containers copied, their contents shared."""
     twin = cls.__new__(cls)
     twin.__dict__.update(
-        {k: copy.copy(v) if isinstance(v, (dict, set)) else v for k, v in source.__dict__.items() if k not in skip}
+        {
+            k: copy.copy(v) if isinstance(v, (dict, set)) else v
+            for k, v in source.__dict__.items()
+            if k not in skip
+        }
     )
     return twin
 
@@ -96,7 +100,9 @@ class BandLimitedConvNd:
         self._compression = check_compression(value)
 
     @classmethod
-    def from_conv(cls: type[_Self], conv: nn.Module, compression: float = 0.0, memory_lean: bool = True) -> _Self:
+    def from_conv(
+        cls: type[_Self], conv: nn.Module, compression: float = 0.0, memory_lean: bool = True
+    ) -> _Self:
         """A band-limited twin of ``conv`` that shares its ``Parameter`` objects.
 
         Everything else (buffers, hooks, train/eval mode, user attributes) is copied, so the

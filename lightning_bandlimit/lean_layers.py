@@ -57,6 +57,7 @@ def _lean_nodes() -> frozenset[type]:
     functions = (_FFTConv, _SpatialConv, lean_ops._BatchNorm, lean_ops._Relu, lean_ops._MaxPool2d)
     return frozenset(f._backward_cls for f in functions)
 
+
 __all__ = [
     "LEAN_TWINS",
     "LeanBatchNorm1d",

@@ -68,7 +68,11 @@ def _table(rows: list[tuple[str, JobResult]], budget: int) -> str:
     lines = [header]
     for variant, r in rows:
         seen = [t["compression"] for t in r.timeline]
-        span = f"{min(seen):.2f}-{max(seen):.2f}->{r.final_compression:.2f}" if max(seen) > min(seen) else f"{r.final_compression:.2f}"
+        span = (
+            f"{min(seen):.2f}-{max(seen):.2f}->{r.final_compression:.2f}"
+            if max(seen) > min(seen)
+            else f"{r.final_compression:.2f}"
+        )
         lines.append(
             f"{variant:<14} {r.val_accuracy:>7.3f} {span:>15} {r.compression_changes:>7} {r.peak_job_bytes / MIB:>8.0f} "
             f"{r.step_increment_bytes / MIB:>9.1f} {over_budget(r, budget):>5}/{len(r.timeline):<5} {r.step_ms:>7.0f} "
@@ -126,35 +130,75 @@ def main(
     run_dir.mkdir(parents=True, exist_ok=False)
     started = time.perf_counter()
 
-    print(f"[main] 1/2 full-spectrum job (plain nn.Conv2d) beside a co-tenant growing {cotenant_low_mib:.0f} -> "
-          f"{cotenant_high_mib:.0f} MiB; log: {run_dir / 'full-spectrum' / 'job.log'}", flush=True)
-    plain = launch(JobSpec("full-spectrum", "plain", str(run_dir / "full-spectrum"), trace, recipe, overrides))
+    print(
+        f"[main] 1/2 full-spectrum job (plain nn.Conv2d) beside a co-tenant growing {cotenant_low_mib:.0f} -> "
+        f"{cotenant_high_mib:.0f} MiB; log: {run_dir / 'full-spectrum' / 'job.log'}",
+        flush=True,
+    )
+    plain = launch(
+        JobSpec("full-spectrum", "plain", str(run_dir / "full-spectrum"), trace, recipe, overrides)
+    )
     budget = budget_for(plain, ramp, below=budget_below)
     increment = plain.step_increment_bytes
     min_free, release_free = adaptive_thresholds(plain)
-    print(f"[main] budget {budget / MIB:.0f} MiB: the plain job's step peak + the co-tenant's peak, less "
-          f"{budget_below:.2f} x its step memory ({increment / MIB:.0f} MiB)", flush=True)
-    print(f"[main] 2/2 band-limited job (AdaptiveBandLimit, floor: the recipe's compression) on that budget; "
-          f"log: {run_dir / 'band-limited' / 'job.log'}", flush=True)
-    adaptive = launch(JobSpec(
-        "band-limited", "adaptive", str(run_dir / "band-limited"), trace, recipe, overrides,
-        compression=None, max_compression=0.9, budget=budget, min_free=min_free, release_free=release_free,
-        recalibrate_bn=RECALIBRATE_BN,
-    ))
+    print(
+        f"[main] budget {budget / MIB:.0f} MiB: the plain job's step peak + the co-tenant's peak, less "
+        f"{budget_below:.2f} x its step memory ({increment / MIB:.0f} MiB)",
+        flush=True,
+    )
+    print(
+        f"[main] 2/2 band-limited job (AdaptiveBandLimit, floor: the recipe's compression) on that budget; "
+        f"log: {run_dir / 'band-limited' / 'job.log'}",
+        flush=True,
+    )
+    adaptive = launch(
+        JobSpec(
+            "band-limited",
+            "adaptive",
+            str(run_dir / "band-limited"),
+            trace,
+            recipe,
+            overrides,
+            compression=None,
+            max_compression=0.9,
+            budget=budget,
+            min_free=min_free,
+            release_free=release_free,
+            recalibrate_bn=RECALIBRATE_BN,
+        )
+    )
     rows = [("full-spectrum", plain), ("band-limited", adaptive)]
-    plot_timelines([plain, adaptive], budget, run_dir / "timeline.png", title=f"{recipe}: plain vs AdaptiveBandLimit beside a co-tenant")
+    plot_timelines(
+        [plain, adaptive],
+        budget,
+        run_dir / "timeline.png",
+        title=f"{recipe}: plain vs AdaptiveBandLimit beside a co-tenant",
+    )
     training_s = time.perf_counter() - started
     summary = {
-        "recipe": recipe, "run_dir": str(run_dir), "overrides": overrides,
-        "budget_bytes": budget, "trace": trace, "min_free_bytes": min_free, "release_free_bytes": release_free,
+        "recipe": recipe,
+        "run_dir": str(run_dir),
+        "overrides": overrides,
+        "budget_bytes": budget,
+        "trace": trace,
+        "min_free_bytes": min_free,
+        "release_free_bytes": release_free,
         "host_allocator_env": HOST_ALLOCATOR_ENV,
         "results": [
-            {"variant": v, **{k: x for k, x in asdict(r).items() if k != "timeline"}, "over_budget_steps": over_budget(r, budget),
-             "steps": len(r.timeline)}
+            {
+                "variant": v,
+                **{k: x for k, x in asdict(r).items() if k != "timeline"},
+                "over_budget_steps": over_budget(r, budget),
+                "steps": len(r.timeline),
+            }
             for v, r in rows
         ],
         "wall_s": training_s,
-        "versions": {"torch": torch.__version__, "lightning": lightning.__version__, "python": platform.python_version()},
+        "versions": {
+            "torch": torch.__version__,
+            "lightning": lightning.__version__,
+            "python": platform.python_version(),
+        },
         "threads": torch.get_num_threads(),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -178,17 +222,28 @@ def main(
         f"job at {adaptive_over}; it ended {100 * (adaptive.val_accuracy - plain.val_accuracy):+.1f} accuracy points "
         f"from the plain job (this seed)."
     )
-    print(f"training wall time {training_s:.0f} s; timeline: {run_dir / 'timeline.png'}; run folder: {run_dir}")
+    print(
+        f"training wall time {training_s:.0f} s; timeline: {run_dir / 'timeline.png'}; run folder: {run_dir}"
+    )
     if robustness:
         from lightning_bandlimit.recipes.robustness import main as evaluate
 
         print("\nrobustness: lightning-bandlimit robustness --config robustness --main_run " + str(run_dir))
         started = time.perf_counter()
-        evaluate([
-            "--config", "robustness", "--main_run", str(run_dir), "--output_dir", str(run_dir / "robustness"),
-            *(DEFAULT_ROBUSTNESS if robustness_overrides is None else robustness_overrides),
-        ])
-        print(f"robustness wall time {time.perf_counter() - started:.0f} s; report: {run_dir / 'robustness' / 'summary.md'}")
+        evaluate(
+            [
+                "--config",
+                "robustness",
+                "--main_run",
+                str(run_dir),
+                "--output_dir",
+                str(run_dir / "robustness"),
+                *(DEFAULT_ROBUSTNESS if robustness_overrides is None else robustness_overrides),
+            ]
+        )
+        print(
+            f"robustness wall time {time.perf_counter() - started:.0f} s; report: {run_dir / 'robustness' / 'summary.md'}"
+        )
     return run_dir
 
 

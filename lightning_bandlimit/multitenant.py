@@ -29,7 +29,16 @@ from typing import Any, Literal
 from lightning_bandlimit.callbacks.shared_budget import over_budget_steps
 from lightning_bandlimit.memory.cotenant import RampTrace
 
-__all__ = ["JobResult", "JobSpec", "adaptive_thresholds", "budget_for", "launch", "over_budget", "plot_timelines", "run_job"]
+__all__ = [
+    "JobResult",
+    "JobSpec",
+    "adaptive_thresholds",
+    "budget_for",
+    "launch",
+    "over_budget",
+    "plot_timelines",
+    "run_job",
+]
 
 Mode = Literal["plain", "fixed", "adaptive"]
 MODES = ("plain", "fixed", "adaptive")
@@ -112,11 +121,24 @@ def run_job(spec: JobSpec) -> JobResult:
     from lightning_bandlimit.cli import BandLimitCLI, recipe_path
 
     out = Path(spec.out_dir)
-    cli = BandLimitCLI(args=[
-        "--config", str(recipe_path(spec.recipe)), "--trainer.default_root_dir", str(out),
-        "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(out),
-        "--trainer.logger.name", "", "--trainer.enable_progress_bar", "false", *spec.overrides,
-    ], run=False)
+    cli = BandLimitCLI(
+        args=[
+            "--config",
+            str(recipe_path(spec.recipe)),
+            "--trainer.default_root_dir",
+            str(out),
+            "--trainer.logger",
+            "lightning.pytorch.loggers.CSVLogger",
+            "--trainer.logger.save_dir",
+            str(out),
+            "--trainer.logger.name",
+            "",
+            "--trainer.enable_progress_bar",
+            "false",
+            *spec.overrides,
+        ],
+        run=False,
+    )
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
     recipe_bands = [cb for cb in trainer.callbacks if isinstance(cb, BandLimit)]
     template = recipe_bands[0] if recipe_bands else BandLimit()
@@ -130,9 +152,15 @@ def run_job(spec: JobSpec) -> JobResult:
         band = BandLimit(compression, recalibrate_bn=spec.recalibrate_bn, **selection)
     elif spec.mode == "adaptive":
         band = AdaptiveBandLimit(
-            compression=compression, min_compression=compression, max_compression=spec.max_compression,
-            probe=shared.probe, min_free=spec.min_free, release_free=spec.release_free, check_every_n_steps=1,
-            recalibrate_bn=spec.recalibrate_bn, **selection,
+            compression=compression,
+            min_compression=compression,
+            max_compression=spec.max_compression,
+            probe=shared.probe,
+            min_free=spec.min_free,
+            release_free=spec.release_free,
+            check_every_n_steps=1,
+            recalibrate_bn=spec.recalibrate_bn,
+            **selection,
         )
     if band is not None:
         trainer.callbacks.insert(1, band)
@@ -145,18 +173,21 @@ def run_job(spec: JobSpec) -> JobResult:
     decisions = band.decisions if isinstance(band, AdaptiveBandLimit) else []
     checkpoint = trainer.checkpoint_callback
     result = JobResult(
-        name=spec.name, mode=spec.mode,
+        name=spec.name,
+        mode=spec.mode,
         val_accuracy=float(trainer.callback_metrics.get("val/acc", float("nan"))),
         final_compression=band.compression if band else 0.0,
         achieved_compression=(band.achieved_compression or 0.0) if band else 0.0,
         compression_changes=sum(a["compression"] != b["compression"] for a, b in zip(timeline, timeline[1:])),
-        step_ms=timer.median_ms or float("nan"), wall_s=wall,
+        step_ms=timer.median_ms or float("nan"),
+        wall_s=wall,
         peak_job_bytes=max(r["job_bytes"] for r in timeline),
         step_increment_bytes=int(statistics.median(r["job_bytes"] - r["start_bytes"] for r in timeline)),
         bn_recalibrations=band.bn_recalibrations if band else 0,
         bn_recalibration_seconds=band.bn_recalibration_seconds if band else 0.0,
         checkpoint=getattr(checkpoint, "last_model_path", "") or getattr(checkpoint, "best_model_path", ""),
-        log_dir=str(trainer.log_dir), timeline=[{**r, "decision": None} for r in timeline],
+        log_dir=str(trainer.log_dir),
+        timeline=[{**r, "decision": None} for r in timeline],
     )
     for record in decisions:  # mark each step's decision in the timeline
         index = record["step"] - 1
@@ -181,17 +212,27 @@ def launch(spec: JobSpec, timeout: float | None = None) -> JobResult:
     with open(out / "job.log", "w") as log:
         code = subprocess.run(
             [sys.executable, "-m", "lightning_bandlimit.multitenant", str(spec_path)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, timeout=timeout, check=False,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=timeout,
+            check=False,
         ).returncode
     if code != 0 or not (out / "result.json").is_file():
         tail = "\n".join((out / "job.log").read_text().splitlines()[-20:])
-        raise RuntimeError(f"the {spec.name!r} job failed (exit code {code}); the end of {out / 'job.log'}:\n{tail}")
+        raise RuntimeError(
+            f"the {spec.name!r} job failed (exit code {code}); the end of {out / 'job.log'}:\n{tail}"
+        )
     return JobResult(**json.loads((out / "result.json").read_text()))
 
 
 def _phase(result: JobResult, trace: RampTrace, hold: bool) -> list[dict[str, Any]]:
     steps = max(len(result.timeline), 1)
-    rows = [r for i, r in enumerate(result.timeline) if (trace.start + trace.ramp <= i / steps < trace.leave) == hold]
+    rows = [
+        r
+        for i, r in enumerate(result.timeline)
+        if (trace.start + trace.ramp <= i / steps < trace.leave) == hold
+    ]
     return rows or result.timeline
 
 
@@ -229,10 +270,16 @@ def plot_timelines(results: list[JobResult], budget: int, path: Path, title: str
     import matplotlib.pyplot as plt
 
     mib = 2**20
-    fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(9, 7.5), sharex=True, height_ratios=[3, 1.2, 1.5])
+    fig, (top, middle, bottom) = plt.subplots(
+        3, 1, figsize=(9, 7.5), sharex=True, height_ratios=[3, 1.2, 1.5]
+    )
     for result in results:
         steps = [r["step"] for r in result.timeline]
-        top.plot(steps, [(r["job_bytes"] + r["cotenant_bytes"]) / mib for r in result.timeline], label=f"{result.name} + co-tenant")
+        top.plot(
+            steps,
+            [(r["job_bytes"] + r["cotenant_bytes"]) / mib for r in result.timeline],
+            label=f"{result.name} + co-tenant",
+        )
         bottom.plot(steps, [r["compression"] for r in result.timeline], label=result.name)
     first = results[0].timeline
     middle.plot([r["step"] for r in first], [r["cotenant_bytes"] / mib for r in first], color="grey")

@@ -9,7 +9,12 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import update_bn
 
-from lightning_bandlimit.batchnorm import RecentBatches, batchnorm_modules, default_forward, recalibrate_batchnorm
+from lightning_bandlimit.batchnorm import (
+    RecentBatches,
+    batchnorm_modules,
+    default_forward,
+    recalibrate_batchnorm,
+)
 from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.memory import ScriptedProbe
@@ -97,9 +102,16 @@ def _train_at_075_then_validate_at_0(tmp_path: Path, recalibrate_bn: int) -> tup
     band = BandLimit(0.75, recalibrate_bn=recalibrate_bn)
     steps = 3 * 1024 // 64
     trainer = pl.Trainer(
-        default_root_dir=tmp_path, accelerator="cpu", max_epochs=3, check_val_every_n_epoch=3,
-        num_sanity_val_steps=0, callbacks=[band, _SwitchAfter(band, 0.0, steps)], logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_epochs=3,
+        check_val_every_n_epoch=3,
+        num_sanity_val_steps=0,
+        callbacks=[band, _SwitchAfter(band, 0.0, steps)],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(model, data)
     validated = float(trainer.callback_metrics["val/acc"])
@@ -111,7 +123,9 @@ def _train_at_075_then_validate_at_0(tmp_path: Path, recalibrate_bn: int) -> tup
     return validated, float(torch.cat(hits).mean()), band
 
 
-def test_trained_at_075_evaluated_at_0_drops_without_recalibration_and_recovers_with_it(tmp_path: Path) -> None:
+def test_trained_at_075_evaluated_at_0_drops_without_recalibration_and_recovers_with_it(
+    tmp_path: Path,
+) -> None:
     stale, reestimated, _ = _train_at_075_then_validate_at_0(tmp_path, recalibrate_bn=0)
     assert stale < reestimated - 0.05  # the drop: running statistics of c = 0.75 used at c = 0
     followed, reestimated_too, band = _train_at_075_then_validate_at_0(tmp_path, recalibrate_bn=8)
@@ -120,23 +134,39 @@ def test_trained_at_075_evaluated_at_0_drops_without_recalibration_and_recovers_
     assert band.bn_recalibrations == 1 and band.bn_recalibration_seconds > 0
 
 
-def test_adaptive_callback_changes_mark_statistics_stale_and_training_end_reestimates_once(tmp_path: Path) -> None:
+def test_adaptive_callback_changes_mark_statistics_stale_and_training_end_reestimates_once(
+    tmp_path: Path,
+) -> None:
     total = 2**40  # bytes: the learned memory model sees the job's real bytes
     probe = ScriptedProbe(free=[f * total // 10 for f in (9, 0, 9, 9, 9, 9, 9, 9)], total=total)
     band = AdaptiveBandLimit(
-        probe=probe, min_free=0.2, release_free=0.5, check_every_n_steps=1, release_checks=1, cooldown_checks=0,
+        probe=probe,
+        min_free=0.2,
+        release_free=0.5,
+        check_every_n_steps=1,
+        release_checks=1,
+        cooldown_checks=0,
         recalibrate_bn=2,
     )
     recent: list[object] = []
 
     class Spy(pl.Callback):
-        def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, outputs: object, batch: object, i: int) -> None:
+        def on_train_batch_end(
+            self, trainer: pl.Trainer, module: pl.LightningModule, outputs: object, batch: object, i: int
+        ) -> None:
             recent[:] = [*recent[-1:], copy.deepcopy(batch)]
 
     model = ImageClassifier("small_cnn", width=4)
     trainer = pl.Trainer(
-        default_root_dir=tmp_path, accelerator="cpu", max_steps=6, limit_val_batches=0, callbacks=[band, Spy()],
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=6,
+        limit_val_batches=0,
+        callbacks=[band, Spy()],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(model, SyntheticImageDataModule(train_size=64, val_size=8, batch_size=8))
     changes = sum(a["compression"] != b["compression"] for a, b in zip(band.decisions, band.decisions[1:]))
@@ -155,7 +185,9 @@ def test_a_module_without_forward_gets_one_warning_and_trains(tmp_path: Path) ->
     class NoForward(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(10))
+            self.net = nn.Sequential(
+                nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(10)
+            )
 
         def training_step(self, batch: tuple, batch_idx: int) -> torch.Tensor:
             return nn.functional.cross_entropy(self.net(batch[0]), batch[1])
@@ -165,8 +197,15 @@ def test_a_module_without_forward_gets_one_warning_and_trains(tmp_path: Path) ->
 
     band = BandLimit(0.5)
     trainer = pl.Trainer(
-        default_root_dir=tmp_path, accelerator="cpu", max_steps=2, limit_val_batches=0, callbacks=[band],
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=2,
+        limit_val_batches=0,
+        callbacks=[band],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     with pytest.warns(UserWarning, match="defines no forward"):
         trainer.fit(NoForward(), SyntheticImageDataModule(train_size=16, val_size=8, batch_size=8))

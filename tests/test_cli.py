@@ -8,9 +8,24 @@ import pytest
 
 from lightning_bandlimit.cli import BandLimitCLI, main, recipe_path, recipes
 
-TINY = ["--trainer.max_epochs", "1", "--data.train_size", "32", "--data.val_size", "16",
-        "--data.batch_size", "8", "--model.backbone", "small_cnn", "--model.width", "4",
-        "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"]
+TINY = [
+    "--trainer.max_epochs",
+    "1",
+    "--data.train_size",
+    "32",
+    "--data.val_size",
+    "16",
+    "--data.batch_size",
+    "8",
+    "--model.backbone",
+    "small_cnn",
+    "--model.width",
+    "4",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.enable_model_summary",
+    "false",
+]
 
 
 def test_recipes_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
@@ -40,9 +55,17 @@ def test_recipe_by_path_and_by_name_give_the_same_objects(tmp_path: Path) -> Non
 
 def test_short_class_names_resolve() -> None:
     cli = BandLimitCLI(
-        args=["--model", "ImageClassifier", "--model.backbone", "small_cnn",
-              "--data", "SyntheticImageDataModule", "--trainer.callbacks+=BandLimit",
-              "--trainer.callbacks.compression", "0.3"],
+        args=[
+            "--model",
+            "ImageClassifier",
+            "--model.backbone",
+            "small_cnn",
+            "--data",
+            "SyntheticImageDataModule",
+            "--trainer.callbacks+=BandLimit",
+            "--trainer.callbacks.compression",
+            "0.3",
+        ],
         run=False,
     )
     assert type(cli.model).__name__ == "ImageClassifier"
@@ -54,13 +77,26 @@ def test_cifar10_recipe_reads_a_local_folder(tmp_path: Path) -> None:
     from lightning_bandlimit.data import write_fake_cifar10
 
     folder = write_fake_cifar10(tmp_path / "cifar")
-    cli = BandLimitCLI(args=["--config", "cifar10-resnet18", "--data.data_dir", str(folder),
-                             "--data.val_size", "10", "--data.num_workers", "0"], run=False)
+    cli = BandLimitCLI(
+        args=[
+            "--config",
+            "cifar10-resnet18",
+            "--data.data_dir",
+            str(folder),
+            "--data.val_size",
+            "10",
+            "--data.num_workers",
+            "0",
+        ],
+        run=False,
+    )
     cli.datamodule.setup("fit")
     assert len(cli.datamodule.val_dataloader().dataset) == 10
 
 
-def test_fit_then_validate_with_and_without_band_limiting(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fit_then_validate_with_and_without_band_limiting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     main(["fit", "--config", "quickstart", *TINY])
     run = tmp_path / "runs" / "quickstart" / "lightning_logs" / "version_0"
@@ -70,7 +106,9 @@ def test_fit_then_validate_with_and_without_band_limiting(tmp_path: Path, monkey
     assert "BandLimit/compression" in (run / "metrics.csv").read_text().splitlines()[0]
     banded = BandLimitCLI(args=["validate", "--config", "quickstart", *TINY, "--ckpt_path", str(ckpt)])
     assert type(banded.model.backbone[0]).__name__ == "BandLimitedConv2d"
-    plain = BandLimitCLI(args=["validate", "--config", "quickstart", *TINY, "--ckpt_path", str(ckpt), "--trainer.callbacks=[]"])
+    plain = BandLimitCLI(
+        args=["validate", "--config", "quickstart", *TINY, "--ckpt_path", str(ckpt), "--trainer.callbacks=[]"]
+    )
     assert type(plain.model.backbone[0]).__name__ == "Conv2d"
     assert "val/acc" in plain.trainer.callback_metrics
 
@@ -78,7 +116,9 @@ def test_fit_then_validate_with_and_without_band_limiting(tmp_path: Path, monkey
 def test_module_entry_point_and_print_config() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "lightning_bandlimit", "fit", "--config", "quickstart", "--print_config"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "lightning_bandlimit.callbacks.BandLimit" in proc.stdout
@@ -94,9 +134,19 @@ def test_console_script_is_installed() -> None:
 
 @pytest.mark.parametrize("recipe", ["quickstart", "cifar10-resnet18"])
 def test_recipe_compression_can_be_set_from_the_command_line(recipe: str) -> None:
-    cli = BandLimitCLI(args=["--config", recipe, "--trainer.callbacks.compression", "0.9",
-                             "--data.init_args.num_workers", "0"] if recipe.startswith("cifar") else
-                       ["--config", recipe, "--trainer.callbacks.compression", "0.9"], run=False)
+    cli = BandLimitCLI(
+        args=[
+            "--config",
+            recipe,
+            "--trainer.callbacks.compression",
+            "0.9",
+            "--data.init_args.num_workers",
+            "0",
+        ]
+        if recipe.startswith("cifar")
+        else ["--config", recipe, "--trainer.callbacks.compression", "0.9"],
+        run=False,
+    )
     band = [cb for cb in cli.trainer.callbacks if type(cb).__name__ == "BandLimit"]
     assert len(band) == 1 and band[0].compression == 0.9
 
@@ -104,8 +154,18 @@ def test_recipe_compression_can_be_set_from_the_command_line(recipe: str) -> Non
 def test_optimizer_and_scheduler_are_configurable_the_lightningcli_way() -> None:
     with pytest.warns(UserWarning, match="configure_optimizers` will be overridden"):
         cli = BandLimitCLI(
-            args=["--config", "quickstart", "--optimizer", "Adam", "--optimizer.lr", "0.003",
-                  "--lr_scheduler", "StepLR", "--lr_scheduler.step_size", "5"],
+            args=[
+                "--config",
+                "quickstart",
+                "--optimizer",
+                "Adam",
+                "--optimizer.lr",
+                "0.003",
+                "--lr_scheduler",
+                "StepLR",
+                "--lr_scheduler.step_size",
+                "5",
+            ],
             run=False,
         )
     optimizers, schedulers = cli.model.configure_optimizers()

@@ -9,10 +9,32 @@ from lightning_bandlimit.main_job import main
 
 # 32 sanity samples (the recipe's default): with 8, one sample the 10-step model gets right by
 # luck under the large-budget PGD was 0.125 > chance and failed about one run in three.
-ATTACK = ["--limit", "32", "--heat_map_limit", "4", "--sanity_samples", "32", "--progress", "false",
-          "--data.init_args.test_size", "32", "--attacks", '[{name: fgsm, eps: [0, 0.03]}, {name: band_noise, eps: [0, 0.03], band: dropped}]']
-TINY = ["--trainer.max_epochs", "1", "--data.train_size", "160", "--data.val_size", "16",
-        "--data.batch_size", "16", "--model.width", "4"]
+ATTACK = [
+    "--limit",
+    "32",
+    "--heat_map_limit",
+    "4",
+    "--sanity_samples",
+    "32",
+    "--progress",
+    "false",
+    "--data.init_args.test_size",
+    "32",
+    "--attacks",
+    "[{name: fgsm, eps: [0, 0.03]}, {name: band_noise, eps: [0, 0.03], band: dropped}]",
+]
+TINY = [
+    "--trainer.max_epochs",
+    "1",
+    "--data.train_size",
+    "160",
+    "--data.val_size",
+    "16",
+    "--data.batch_size",
+    "16",
+    "--model.width",
+    "4",
+]
 
 
 def test_runs_the_multitenant_scenario_plain_then_memory_aware_and_attacks_both(
@@ -24,14 +46,20 @@ def test_runs_the_multitenant_scenario_plain_then_memory_aware_and_attacks_both(
     variants = {r["variant"]: r for r in summary["results"]}
     assert set(variants) == {"band-limited", "full-spectrum"}
     banded, plain = variants["band-limited"], variants["full-spectrum"]
-    assert plain["mode"] == "plain" and plain["final_compression"] == 0.0 and plain["compression_changes"] == 0
-    assert banded["mode"] == "adaptive" and banded["final_compression"] >= 0.5  # the recipe's compression is its floor
+    assert (
+        plain["mode"] == "plain" and plain["final_compression"] == 0.0 and plain["compression_changes"] == 0
+    )
+    assert (
+        banded["mode"] == "adaptive" and banded["final_compression"] >= 0.5
+    )  # the recipe's compression is its floor
     # the budget is chosen so that the plain job does not fit beside the co-tenant's peak
     assert plain["over_budget_steps"] >= 1 and plain["steps"] == banded["steps"] == 10
     timeline = json.loads((run_dir / "full-spectrum" / "result.json").read_text())["timeline"]
     assert len(timeline) == 10 and all(r["job_bytes"] > 0 and r["cotenant_bytes"] > 0 for r in timeline)
     needed = [r["job_bytes"] + r["cotenant_bytes"] for r in timeline]
-    assert min(needed) < summary["budget_bytes"] < max(needed)  # fits before the co-tenant grows, not at its peak
+    assert (
+        min(needed) < summary["budget_bytes"] < max(needed)
+    )  # fits before the co-tenant grows, not at its peak
     for result in (banded, plain):
         assert 0.0 <= result["val_accuracy"] <= 1.0 and result["step_ms"] > 0
         assert Path(result["checkpoint"]).is_file()

@@ -128,12 +128,20 @@ class AdaptiveBandLimit(BandLimit):
         **controller_kwargs: Any,
     ) -> None:
         self.controller = CompressionController(
-            min_free=min_free, release_free=release_free, min_compression=min_compression,
-            max_compression=max_compression, **controller_kwargs,
+            min_free=min_free,
+            release_free=release_free,
+            min_compression=min_compression,
+            max_compression=max_compression,
+            **controller_kwargs,
         )
         super().__init__(
-            compression=self.controller.clamp(compression), include=include, exclude=exclude, pointwise=pointwise,
-            memory_lean=memory_lean, recalibrate_bn=recalibrate_bn, bn_forward=bn_forward,
+            compression=self.controller.clamp(compression),
+            include=include,
+            exclude=exclude,
+            pointwise=pointwise,
+            memory_lean=memory_lean,
+            recalibrate_bn=recalibrate_bn,
+            bn_forward=bn_forward,
         )
         if check_every_n_steps < 1:
             raise ValueError(f"check_every_n_steps must be at least 1, got {check_every_n_steps}")
@@ -158,7 +166,9 @@ class AdaptiveBandLimit(BandLimit):
             self.probe = auto_probe(self._device)  # warns once itself when it falls back or gives up
         if stage == "fit" and self.oom_backstop:
             if trainer.world_size > 1:
-                rank_zero_info("AdaptiveBandLimit: the out-of-memory backstop is off under multi-process training")
+                rank_zero_info(
+                    "AdaptiveBandLimit: the out-of-memory backstop is off under multi-process training"
+                )
             elif self._guarded is None:
                 self._guard_training_step(trainer, pl_module)
 
@@ -166,7 +176,9 @@ class AdaptiveBandLimit(BandLimit):
         return step % self.check_every_n_steps == 0 and step != self._last_check
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         # global_step counts optimizer steps: this batch ends at global_step + 1.
         if self.probe is None or self.probe.measures_own or not self._is_check_step(trainer.global_step + 1):
             return  # a probe that measures the job itself needs no meter on the step
@@ -176,7 +188,9 @@ class AdaptiveBandLimit(BandLimit):
             self._meter = SavedTensorMeter(exclude=pl_module.parameters()).__enter__()
 
     @override
-    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
+    def on_before_backward(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
+    ) -> None:
         if self._meter is not None:
             self._meter.__exit__(None, None, None)
             self._job_peak, self._meter = self._meter.bytes, None
@@ -202,7 +216,9 @@ class AdaptiveBandLimit(BandLimit):
         try:
             reading = self.probe.read()
         except ProbeUnavailable as error:
-            rank_zero_warn(f"AdaptiveBandLimit: the memory probe stopped working ({error}); the compression stays fixed")
+            rank_zero_warn(
+                f"AdaptiveBandLimit: the memory probe stopped working ({error}); the compression stays fixed"
+            )
             self.probe = None
             return
         if reading.own is not None:  # the probe measured the job itself: learn what it counts
@@ -214,12 +230,20 @@ class AdaptiveBandLimit(BandLimit):
         if peak:
             self.controller.model.observe(self.compression, float(peak))
         decision = self.controller.decide(reading, self.compression)
-        agreed = float(trainer.strategy.reduce(torch.tensor(decision.compression, dtype=torch.float64, device=self._device), reduce_op="max"))
+        agreed = float(
+            trainer.strategy.reduce(
+                torch.tensor(decision.compression, dtype=torch.float64, device=self._device), reduce_op="max"
+            )
+        )
         if agreed != decision.compression:
             self.controller.notify_change()  # another rank asked for more
-        self._apply(trainer, pl_module, Decision(agreed, decision.reason, decision.free, decision.threshold), peak)
+        self._apply(
+            trainer, pl_module, Decision(agreed, decision.reason, decision.free, decision.threshold), peak
+        )
 
-    def _apply(self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: Decision, peak: int | None) -> None:
+    def _apply(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: Decision, peak: int | None
+    ) -> None:
         previous = self.compression
         if decision.compression != previous:
             self.compression = decision.compression
@@ -231,8 +255,11 @@ class AdaptiveBandLimit(BandLimit):
                 f"threshold {decision.threshold / 2**20:.0f} MiB)"
             )
         record = {
-            "step": trainer.global_step, "compression": self.compression, "reason": decision.reason,
-            "free_bytes": decision.free, "job_peak_bytes": peak,
+            "step": trainer.global_step,
+            "compression": self.compression,
+            "reason": decision.reason,
+            "free_bytes": decision.free,
+            "job_peak_bytes": peak,
         }
         self.decisions.append(record)
         name = type(self).__name__
@@ -262,8 +289,13 @@ class AdaptiveBandLimit(BandLimit):
                     f"retrying the batch once at compression {self.compression:.3f} (was {previous:.3f})"
                 )
                 self.decisions.append(
-                    {"step": trainer.global_step, "compression": self.compression, "reason": OOM,
-                     "free_bytes": None, "job_peak_bytes": None}
+                    {
+                        "step": trainer.global_step,
+                        "compression": self.compression,
+                        "reason": OOM,
+                        "free_bytes": None,
+                        "job_peak_bytes": None,
+                    }
                 )
             return original(*args, **kwargs)
 

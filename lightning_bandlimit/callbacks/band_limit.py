@@ -6,7 +6,6 @@ import time
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
@@ -15,7 +14,13 @@ from typing_extensions import override
 from lightning_bandlimit.batchnorm import Forward, RecentBatches, batchnorm_modules, recalibrate_batchnorm
 from lightning_bandlimit.functional import check_compression
 from lightning_bandlimit.layers import BandLimitedConvNd
-from lightning_bandlimit.surgery import Patterns, bandlimit, bandlimited_layers, normalize_patterns, unbandlimit
+from lightning_bandlimit.surgery import (
+    Patterns,
+    bandlimit,
+    bandlimited_layers,
+    normalize_patterns,
+    unbandlimit,
+)
 
 __all__ = ["BandLimit"]
 
@@ -97,7 +102,11 @@ class BandLimit(Callback):
         self._compression = check_compression(compression)
         self.include = normalize_patterns("include", include)
         self.exclude = normalize_patterns("exclude", exclude)
-        flags = {"pointwise": pointwise, "restore_on_teardown": restore_on_teardown, "memory_lean": memory_lean}
+        flags = {
+            "pointwise": pointwise,
+            "restore_on_teardown": restore_on_teardown,
+            "memory_lean": memory_lean,
+        }
         for name, flag in flags.items():
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be a bool, got {flag!r}")
@@ -105,9 +114,13 @@ class BandLimit(Callback):
         self.memory_lean = memory_lean
         self.restore_on_teardown = restore_on_teardown
         if not isinstance(recalibrate_bn, int) or isinstance(recalibrate_bn, bool) or recalibrate_bn < 0:
-            raise ValueError(f"recalibrate_bn must be an int >= 0 (a number of batches; 0: off), got {recalibrate_bn!r}")
+            raise ValueError(
+                f"recalibrate_bn must be an int >= 0 (a number of batches; 0: off), got {recalibrate_bn!r}"
+            )
         if bn_forward is not None and not callable(bn_forward):
-            raise TypeError(f"bn_forward must be callable as bn_forward(pl_module, batch), got {bn_forward!r}")
+            raise TypeError(
+                f"bn_forward must be callable as bn_forward(pl_module, batch), got {bn_forward!r}"
+            )
         self.recalibrate_bn = recalibrate_bn
         self.bn_forward = bn_forward
         self.bn_recalibration_seconds = 0.0
@@ -143,7 +156,9 @@ class BandLimit(Callback):
     @property
     def achieved_compression(self) -> float | None:
         """Mean rate applied by the managed layers in their last forward (``None`` before)."""
-        rates = [layer.achieved_compression for layer in self._layers if layer.achieved_compression is not None]
+        rates = [
+            layer.achieved_compression for layer in self._layers if layer.achieved_compression is not None
+        ]
         return sum(rates) / len(rates) if rates else None
 
     @override
@@ -152,10 +167,16 @@ class BandLimit(Callback):
             return
         before = {id(m): type(m) for m in pl_module.modules()}
         bandlimit(
-            pl_module, self._compression, include=self.include, exclude=self.exclude, pointwise=self.pointwise,
+            pl_module,
+            self._compression,
+            include=self.include,
+            exclude=self.exclude,
+            pointwise=self.pointwise,
             memory_lean=self.memory_lean,
         )
-        self._layers = [m for _, m in bandlimited_layers(pl_module, include=self.include, exclude=self.exclude)]
+        self._layers = [
+            m for _, m in bandlimited_layers(pl_module, include=self.include, exclude=self.exclude)
+        ]
         self._converted = [m for m in pl_module.modules() if type(m) is not before.get(id(m), type(m))]
         self.compression = self._compression
         self._bn_stale = False
@@ -180,7 +201,10 @@ class BandLimit(Callback):
         self._recent = None
         if not self.recalibrate_bn or not self._layers or not batchnorm_modules(pl_module):
             return
-        if self.bn_forward is None and type(pl_module).forward in (nn.Module.forward, pl.LightningModule.forward):
+        if self.bn_forward is None and type(pl_module).forward in (
+            nn.Module.forward,
+            pl.LightningModule.forward,
+        ):
             rank_zero_warn(
                 f"{type(self).__name__}: {type(pl_module).__name__} defines no forward(), so BatchNorm "
                 "statistics cannot be re-estimated after compression changes; pass "
@@ -249,7 +273,10 @@ class BandLimit(Callback):
             pl_module.log(f"{name}/achieved_compression", achieved, on_step=on_step, on_epoch=not on_step)
         if self.bn_recalibrations:
             pl_module.log(
-                f"{name}/bn_recalibration_seconds", self.bn_recalibration_seconds, on_step=on_step, on_epoch=not on_step
+                f"{name}/bn_recalibration_seconds",
+                self.bn_recalibration_seconds,
+                on_step=on_step,
+                on_epoch=not on_step,
             )
 
     @override

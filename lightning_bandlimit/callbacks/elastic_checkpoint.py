@@ -53,7 +53,11 @@ class ElasticCheckpoint(ModelCheckpoint):
         if not isinstance(every_n_train_steps, int) or every_n_train_steps < 1:
             raise ValueError(f"every_n_train_steps must be a positive int, got {every_n_train_steps!r}")
         super().__init__(
-            dirpath=dirpath, every_n_train_steps=every_n_train_steps, save_last=save_last, save_top_k=save_top_k, **kwargs
+            dirpath=dirpath,
+            every_n_train_steps=every_n_train_steps,
+            save_last=save_last,
+            save_top_k=save_top_k,
+            **kwargs,
         )
 
     def _fix_dirpath(self, trainer: pl.Trainer) -> None:
@@ -71,9 +75,13 @@ class ElasticCheckpoint(ModelCheckpoint):
         return super()._find_last_checkpoints(trainer)
 
     @override
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         if not isinstance(exception, SIGTERMException) or trainer.global_step == self._last_global_step_saved:
             return
         # Lightning raises SIGTERMException on every rank after the same batch, between steps.
         self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
-        rank_zero_info(f"ElasticCheckpoint: saved {self.last_model_path} at step {trainer.global_step} on SIGTERM")
+        rank_zero_info(
+            f"ElasticCheckpoint: saved {self.last_model_path} at step {trainer.global_step} on SIGTERM"
+        )

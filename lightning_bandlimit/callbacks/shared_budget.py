@@ -81,7 +81,9 @@ class SharedBudget(Callback):
         self._step_start = 0
         self._peak_resets = True
         self.probe: SharedBudgetProbe | None = (
-            None if budget is None else SharedBudgetProbe(budget, own=self._own_since_read, others=self._others)
+            None
+            if budget is None
+            else SharedBudgetProbe(budget, own=self._own_since_read, others=self._others)
         )
 
     def _own_since_read(self) -> int:
@@ -99,16 +101,22 @@ class SharedBudget(Callback):
             raise RuntimeError("SharedBudget measures one process; run it without multi-process training")
         adaptive = [i for i, cb in enumerate(trainer.callbacks) if isinstance(cb, AdaptiveBandLimit)]
         if adaptive and adaptive[0] < trainer.callbacks.index(self):
-            raise ValueError("put SharedBudget before AdaptiveBandLimit in the callbacks, so each step is measured before the check")
+            raise ValueError(
+                "put SharedBudget before AdaptiveBandLimit in the callbacks, so each step is measured before the check"
+            )
         self._total_steps = max(1, int(trainer.estimated_stepping_batches))
         self._peak_resets = reset_peak_resident()
         if not self._peak_resets:
-            rank_zero_warn("SharedBudget: cannot reset the resident high-water mark; job bytes are read after each step")
+            rank_zero_warn(
+                "SharedBudget: cannot reset the resident high-water mark; job bytes are read after each step"
+            )
         if self.cotenant is None:
             self.cotenant = CoTenant(self.chunk_bytes)
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         assert self.cotenant is not None
         self._step_cotenant = self.cotenant.hold(self.trace(trainer.global_step / self._total_steps))
         if self._peak_resets:
@@ -123,11 +131,16 @@ class SharedBudget(Callback):
         self._since_read = max(self._since_read, job)
         band = next((cb for cb in trainer.callbacks if isinstance(cb, BandLimit)), None)
         over = self.budget is not None and job + self._step_cotenant > self.budget
-        self.timeline.append({
-            "step": trainer.global_step, "job_bytes": job, "start_bytes": self._step_start,
-            "cotenant_bytes": self._step_cotenant,
-            "compression": band.compression if band is not None else 0.0, "over_budget": over,
-        })
+        self.timeline.append(
+            {
+                "step": trainer.global_step,
+                "job_bytes": job,
+                "start_bytes": self._step_start,
+                "cotenant_bytes": self._step_cotenant,
+                "compression": band.compression if band is not None else 0.0,
+                "over_budget": over,
+            }
+        )
         pl_module.log("SharedBudget/job_bytes", float(job), on_step=True, on_epoch=False)
         pl_module.log("SharedBudget/cotenant_bytes", float(self._step_cotenant), on_step=True, on_epoch=False)
         pl_module.log("SharedBudget/over_budget", float(over), on_step=True, on_epoch=False)

@@ -46,7 +46,9 @@ class StepTimer(Callback):
         return statistics.median(kept) if kept else None
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._started = time.perf_counter()
 
     @override

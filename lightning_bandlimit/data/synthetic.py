@@ -133,7 +133,9 @@ def render(label: int, generator: torch.Generator) -> torch.Tensor:
     mask = _shape_mask(shape, cy, cx, radius, angle)
     colour = _uniform(g, 0.35, 0.65, 3, 1, 1)
     contrast = _uniform(g, 0.25, 0.3).item()
-    pattern = _texture(texture, cycles, _uniform(g, 0.0, math.pi).item(), _uniform(g, 0.0, 2 * math.pi).item())
+    pattern = _texture(
+        texture, cycles, _uniform(g, 0.0, math.pi).item(), _uniform(g, 0.0, 2 * math.pi).item()
+    )
     foreground = colour + contrast * pattern
     image = mask * foreground + (1 - mask) * background
     image = image + 0.03 * torch.randn(3, SIZE, SIZE, generator=g)
@@ -240,8 +242,11 @@ class SyntheticImageDataModule(pl.LightningDataModule):
     def _loader(self, dataset: Dataset, shuffle: bool) -> DataLoader:
         workers = self.hparams.num_workers
         return DataLoader(
-            dataset, batch_size=self.hparams.batch_size, shuffle=shuffle,
-            num_workers=workers, persistent_workers=workers > 0,
+            dataset,
+            batch_size=self.hparams.batch_size,
+            shuffle=shuffle,
+            num_workers=workers,
+            persistent_workers=workers > 0,
         )
 
     def train_dataloader(self) -> DataLoader:

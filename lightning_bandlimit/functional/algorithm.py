@@ -63,7 +63,9 @@ def _native(g: ConvGeometry, n: int, c: int, o: int, passes: int) -> float:
     return passes * flops / (_CONV_FLOPS * min(1.0, cg / _FULL_WIDTH))
 
 
-def _spatial(g: ConvGeometry, band: SpectralBand, n: int, c: int, o: int, need_x: bool, need_w: bool) -> float:
+def _spatial(
+    g: ConvGeometry, band: SpectralBand, n: int, c: int, o: int, need_x: bool, need_w: bool
+) -> float:
     (h, w), (gh, gw) = g.in_size, g.grid
     rows = gh if band.rows == gh else band.rows
     cols = gw if band.cols == gw // 2 + 1 else 2 * band.cols - 1
@@ -75,7 +77,9 @@ def _spatial(g: ConvGeometry, band: SpectralBand, n: int, c: int, o: int, need_x
     return _PADDED_INPUT * _native(g, n, c, o, 1 + need_x + need_w) + transforms / _GEMM_FLOPS
 
 
-def _spectral(g: ConvGeometry, band: SpectralBand, n: int, c: int, o: int, need_x: bool, need_w: bool) -> float:
+def _spectral(
+    g: ConvGeometry, band: SpectralBand, n: int, c: int, o: int, need_x: bool, need_w: bool
+) -> float:
     (h, w), (p, q) = g.in_size, g.out_size
     r, k, f = band.rows, band.cols, band.kept
     analysis = 2.0 * n * c * (h * 2 * k * w + 2 * r * 2 * h * k)

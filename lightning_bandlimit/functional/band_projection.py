@@ -96,7 +96,9 @@ def _cpu_plan(geometry: ConvGeometry, band: SpectralBand) -> ProjectionPlan:
     a_h = _fold_padding(b_h, geometry.in_size[0], pad_h, mode).T
     a_w = _fold_padding(b_w, geometry.in_size[1], pad_w, mode).T
     synthesis, conv_stride = [], []
-    for basis, extent, stride, out in zip((b_h, b_w), geometry.dilated_kernel, geometry.stride, geometry.out_size):
+    for basis, extent, stride, out in zip(
+        (b_h, b_w), geometry.dilated_kernel, geometry.stride, geometry.out_size
+    ):
         one_tap = extent == 1
         synthesis.append(basis[: out * stride : stride] if one_tap else basis)
         conv_stride.append(1 if one_tap else stride)

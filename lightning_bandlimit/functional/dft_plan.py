@@ -88,9 +88,7 @@ def _analysis(freqs: torch.Tensor, size: int, grid: int, pads: tuple[int, int], 
 
 def _complex_block(matrix: torch.Tensor) -> torch.Tensor:
     """Real ``[[re, -im], [im, re]]``: complex product on stacked ``[re; im]`` operands."""
-    return torch.cat(
-        [torch.cat([matrix.real, -matrix.imag], 1), torch.cat([matrix.imag, matrix.real], 1)], 0
-    )
+    return torch.cat([torch.cat([matrix.real, -matrix.imag], 1), torch.cat([matrix.imag, matrix.real], 1)], 0)
 
 
 def _band_frequencies(band: SpectralBand) -> tuple[torch.Tensor, torch.Tensor]:
@@ -145,9 +143,7 @@ def _cpu_plan(geometry: ConvGeometry, band: SpectralBand) -> DFTPlan:
     )
 
 
-def dft_plan(
-    geometry: ConvGeometry, compression: float, dtype: torch.dtype, device: torch.device
-) -> DFTPlan:
+def dft_plan(geometry: ConvGeometry, compression: float, dtype: torch.dtype, device: torch.device) -> DFTPlan:
     """The cached :class:`DFTPlan` for a geometry and compression, in ``dtype`` on ``device``.
 
     Args:

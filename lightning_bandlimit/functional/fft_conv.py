@@ -114,7 +114,9 @@ def _grad_chunk(buffer: torch.Tensor, fc: int) -> torch.Tensor:
     return buffer.view(-1)[: 2 * fc * buffer[0, 0].numel()].view(2, fc, *buffer.shape[2:])
 
 
-def _accumulate_filter_grad(grad_taps: torch.Tensor, plan: DFTPlan, spec: torch.Tensor, f0: int, f1: int) -> None:
+def _accumulate_filter_grad(
+    grad_taps: torch.Tensor, plan: DFTPlan, spec: torch.Tensor, f0: int, f1: int
+) -> None:
     """``grad_taps (kh kw, O C/g) += `` transpose of :func:`_filter_chunk` applied to ``spec``."""
     fc = f1 - f0
     grad_taps.addmm_(plan.filter_analysis[2 * f0 : 2 * f1 : 2].T, spec[0].view(fc, -1))
@@ -541,7 +543,18 @@ def fft_conv2d(
         torch.Size([2, 4, 16, 16])
     """
     return _fft_conv(
-        input, weight, bias, stride, padding, dilation, groups, padding_mode, compression, 2, memory_lean, algorithm
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        groups,
+        padding_mode,
+        compression,
+        2,
+        memory_lean,
+        algorithm,
     )
 
 
@@ -592,5 +605,16 @@ def fft_conv1d(
         True
     """
     return _fft_conv(
-        input, weight, bias, stride, padding, dilation, groups, padding_mode, compression, 1, memory_lean, algorithm
+        input,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        groups,
+        padding_mode,
+        compression,
+        1,
+        memory_lean,
+        algorithm,
     )

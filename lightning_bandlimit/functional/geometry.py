@@ -23,9 +23,7 @@ def _as_tuple(name: str, value: IntOrTuple, spatial_dims: int, minimum: int) -> 
         raise ValueError(f"{name} must be an int or a tuple of {spatial_dims} ints, got {value!r}")
     if isinstance(value, int):
         values: tuple[int, ...] = (value,) * spatial_dims
-    elif isinstance(value, Sequence) and all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    ):
+    elif isinstance(value, Sequence) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         values = tuple(value)
         if len(values) == 1:
             values = values * spatial_dims
@@ -171,9 +169,7 @@ def resolve_geometry(
                 f"{name}: input type ({input.dtype}) and bias type ({bias.dtype}) should be the same"
             )
     if padding_mode not in PADDING_MODES:
-        raise ValueError(
-            f"{name}: padding_mode must be one of {list(PADDING_MODES)}, got {padding_mode!r}"
-        )
+        raise ValueError(f"{name}: padding_mode must be one of {list(PADDING_MODES)}, got {padding_mode!r}")
 
     strides = _as_tuple("stride", stride, spatial_dims, 1)
     dilations = _as_tuple("dilation", dilation, spatial_dims, 1)

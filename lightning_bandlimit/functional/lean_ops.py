@@ -125,7 +125,9 @@ class _Relu(torch.autograd.Function):
         (packed,) = ctx.saved_tensors
         per_sample = math.prod(ctx.shape[1:])
         if grad.dim() < 2 or per_sample % 8:
-            return torch.ops.aten.threshold_backward(grad, unpack_mask(packed, ctx.shape, grad.dtype), 0), None
+            return torch.ops.aten.threshold_backward(
+                grad, unpack_mask(packed, ctx.shape, grad.dtype), 0
+            ), None
         # 1.0 where the gradient passes, unpacked a part of the batch at a time: a small temporary
         grad_input = torch.empty_like(grad)
         for part in _batch_parts(grad.shape[0]):

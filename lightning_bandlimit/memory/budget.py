@@ -8,7 +8,7 @@ two measurements the caller supplies: this job's memory and the others'.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable, _as_bytes
 
@@ -57,7 +57,9 @@ class SharedBudgetProbe(MemoryProbe):
             own = int(self.own())
             used = own + int(self.others())
         except OSError as error:
-            raise ProbeUnavailable(f"SharedBudgetProbe cannot measure the processes' memory ({error})") from error
+            raise ProbeUnavailable(
+                f"SharedBudgetProbe cannot measure the processes' memory ({error})"
+            ) from error
         free = min(self.budget, max(0, self.budget - used))
         return MemoryReading(total=self.budget, free=free, source=self.source, own=own)
 

@@ -68,7 +68,9 @@ class MemoryModel:
 
     def __init__(self, smoothing: float = 0.5, resolution: float = 0.01) -> None:
         if not 0 < smoothing <= 1 or resolution <= 0:
-            raise ValueError(f"expected smoothing in (0, 1] and resolution > 0, got {smoothing}, {resolution}")
+            raise ValueError(
+                f"expected smoothing in (0, 1] and resolution > 0, got {smoothing}, {resolution}"
+            )
         self.smoothing, self.resolution = smoothing, resolution
         self.points: dict[float, float] = {}
 
@@ -152,9 +154,14 @@ class CompressionController:
                 "release_free must be above min_free and in the same unit (both fractions < 1 or "
                 f"both bytes), got min_free={min_free}, release_free={release_free}"
             )
-        min_compression, max_compression = check_compression(min_compression), check_compression(max_compression)
+        min_compression, max_compression = (
+            check_compression(min_compression),
+            check_compression(max_compression),
+        )
         if max_compression < min_compression:
-            raise ValueError(f"max_compression ({max_compression}) is below min_compression ({min_compression})")
+            raise ValueError(
+                f"max_compression ({max_compression}) is below min_compression ({min_compression})"
+            )
         if raise_step <= 0 or lower_step <= 0 or release_checks < 1 or cooldown_checks < 0 or margin < 0:
             raise ValueError(
                 "expected raise_step > 0, lower_step > 0, release_checks >= 1, cooldown_checks >= 0 "

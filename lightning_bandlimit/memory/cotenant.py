@@ -67,7 +67,10 @@ class CoTenant:
             raise ValueError(f"chunk_bytes must be at least one page (4096), got {chunk_bytes}")
         self._process = subprocess.Popen(
             [sys.executable, "-S", "-c", _SERVER, str(int(chunk_bytes))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
         )
         self.target = 0
         self.resident = self._answer()
@@ -82,7 +85,9 @@ class CoTenant:
         line = self._process.stdout.readline()
         if not line or int(line) < 0:
             code = self._process.poll()
-            raise OSError(f"the co-tenant process stopped answering (exit code {code}); it reads /proc/self/status")
+            raise OSError(
+                f"the co-tenant process stopped answering (exit code {code}); it reads /proc/self/status"
+            )
         return int(line)
 
     def hold(self, target: int) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
 from pathlib import Path
 
 import torch

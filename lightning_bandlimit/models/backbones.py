@@ -25,7 +25,9 @@ class _BasicBlock(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.shortcut: nn.Module = nn.Identity()
         if stride != 1 or c_in != c_out:
-            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out)
+            )
 
     def forward(self, x):  # type: ignore[no-untyped-def]
         out = self.relu(self.bn1(self.conv1(x)))
@@ -84,7 +86,11 @@ def small_cnn(num_classes: int = 10, width: int = 32) -> nn.Module:
         raise ValueError(f"num_classes and width must be positive, got {num_classes} and {width}")
 
     def block(c_in: int, c_out: int) -> list[nn.Module]:
-        return [nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True)]
+        return [
+            nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
+            nn.BatchNorm2d(c_out),
+            nn.ReLU(inplace=True),
+        ]
 
     return nn.Sequential(
         *block(3, width),

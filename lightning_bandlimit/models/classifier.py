@@ -121,7 +121,14 @@ class ImageClassifier(pl.LightningModule):
         metric(logits, labels)
         on_step = stage == "train"
         # epoch-level validation/test losses are averaged over ranks (one all-reduce per epoch)
-        self.log(f"{stage}/loss", loss, on_step=on_step, on_epoch=True, prog_bar=stage != "test", sync_dist=not on_step)
+        self.log(
+            f"{stage}/loss",
+            loss,
+            on_step=on_step,
+            on_epoch=True,
+            prog_bar=stage != "test",
+            sync_dist=not on_step,
+        )
         self.log(f"{stage}/acc", metric, on_step=False, on_epoch=True, prog_bar=True)
         return loss
 
@@ -154,17 +161,28 @@ class ImageClassifier(pl.LightningModule):
         else:
             batch = trainer.train_dataloader.batch_size  # type: ignore[union-attr]
             total = total_steps * batch * trainer.world_size * trainer.accumulate_grad_batches
-        return SampleSchedule(optimizer, total_samples=total, warmup_samples=int(0.2 * total), min_lr_ratio=0.01)
+        return SampleSchedule(
+            optimizer, total_samples=total, warmup_samples=int(0.2 * total), min_lr_ratio=0.01
+        )
 
     def configure_optimizers(self) -> Any:
         hp = self.hparams
         optimizer = torch.optim.SGD(
-            self.parameters(), lr=hp.learning_rate, momentum=hp.momentum,
-            weight_decay=hp.weight_decay, nesterov=hp.momentum > 0,
+            self.parameters(),
+            lr=hp.learning_rate,
+            momentum=hp.momentum,
+            weight_decay=hp.weight_decay,
+            nesterov=hp.momentum > 0,
         )
         total_steps = max(1, int(self.trainer.estimated_stepping_batches))
         if hp.get("lr_schedule", "onecycle") == "samples":
-            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": self._sample_schedule(optimizer, total_steps), "interval": "step"}}
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {
+                    "scheduler": self._sample_schedule(optimizer, total_steps),
+                    "interval": "step",
+                },
+            }
         scheduler = torch.optim.lr_scheduler.OneCycleLR(
             optimizer, max_lr=hp.learning_rate, total_steps=total_steps, pct_start=0.2
         )

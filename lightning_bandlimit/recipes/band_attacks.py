@@ -78,7 +78,9 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def _resolve(band: Band) -> tuple[tuple[float, float] | BandSubspace, Callable[[torch.Tensor], torch.Tensor], bool]:
+def _resolve(
+    band: Band,
+) -> tuple[tuple[float, float] | BandSubspace, Callable[[torch.Tensor], torch.Tensor], bool]:
     """(the band as recorded, its exact projection, whether it is the whole spectrum)."""
     if isinstance(band, BandSubspace):
         return band, band.project, band.is_full
@@ -160,7 +162,12 @@ class _Constraints:
     """
 
     def __init__(
-        self, images: torch.Tensor, eps: float, norm: str, project: Callable[[torch.Tensor], torch.Tensor], full: bool
+        self,
+        images: torch.Tensor,
+        eps: float,
+        norm: str,
+        project: Callable[[torch.Tensor], torch.Tensor],
+        full: bool,
     ) -> None:
         self.eps, self.norm, self.project = eps, norm, project
         if norm == "Linf":

@@ -337,7 +337,9 @@ def save_heat_map_difference(
         or limited.dim() != 2
         or limited.shape != full.shape
     ):
-        shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (limited, full)]
+        shapes = [
+            tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (limited, full)
+        ]
         raise ValueError(f"expected two 2-D heat maps (H, W) of one shape, got {shapes[0]} and {shapes[1]}")
     maps = [limited.detach().cpu().double().numpy(), full.detach().cpu().double().numpy()]
     maps.append(maps[0] - maps[1])
@@ -357,8 +359,14 @@ def save_heat_map_difference(
         if box is not None:
             axes.add_patch(
                 Rectangle(
-                    (-box[1], -box[0]), 2 * box[1], 2 * box[0], fill=False, edgecolor="black",
-                    linewidth=1.5, linestyle="--", label="kept box",
+                    (-box[1], -box[0]),
+                    2 * box[1],
+                    2 * box[0],
+                    fill=False,
+                    edgecolor="black",
+                    linewidth=1.5,
+                    linestyle="--",
+                    label="kept box",
                 )
             )
             if index == 2:

@@ -98,9 +98,15 @@ class BandSubspace:
         Raises:
             ValueError: if the last two dimensions are not the band's image size.
         """
-        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or tuple(x.shape[-2:]) != self.band.size:
+        if (
+            not isinstance(x, torch.Tensor)
+            or not x.is_floating_point()
+            or tuple(x.shape[-2:]) != self.band.size
+        ):
             got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"expected real images of size (..., {self.band.size[0]}, {self.band.size[1]}), got {got}")
+            raise ValueError(
+                f"expected real images of size (..., {self.band.size[0]}, {self.band.size[1]}), got {got}"
+            )
         if self.is_full:
             return x.clone()
         if self.is_empty:
@@ -257,8 +263,15 @@ def input_band(
     if not isinstance(layer, BandLimitedConv2d) or layer.compression == 0.0:
         return InputBand((height, width), identity_h, identity_w, name, layer_name, 0.0, (0.5, 0.5))
     geometry = resolve_geometry(
-        layer_input, layer.weight, layer.bias, layer.stride, layer.padding, layer.dilation,
-        layer.groups, layer.padding_mode, 2,
+        layer_input,
+        layer.weight,
+        layer.bias,
+        layer.stride,
+        layer.padding,
+        layer.dilation,
+        layer.groups,
+        layer.padding_mode,
+        2,
     )
     plan = projection_plan(geometry, layer.compression, torch.float64, torch.device("cpu"))
     rows = _row_space_projector(plan.synthesis_h @ plan.analysis_h)
@@ -269,7 +282,9 @@ def input_band(
     return band
 
 
-def _check(model: nn.Module, layer: nn.Module, probe: torch.Tensor, band: InputBand, name: str, layer_name: str) -> None:
+def _check(
+    model: nn.Module, layer: nn.Module, probe: torch.Tensor, band: InputBand, name: str, layer_name: str
+) -> None:
     """A dropped perturbation must leave the input layer's output unchanged (on the whole model)."""
     if band.dropped.is_empty:
         return

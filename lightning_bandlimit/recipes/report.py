@@ -543,10 +543,18 @@ def plot_accuracy_vs_eps(records: Sequence[RobustnessRecord], path: Path, *, tit
                 spread = [statistics.stdev(by_eps[e]) if len(by_eps[e]) > 1 else 0.0 for e in eps]
                 replicates = max(len(v) for v in by_eps.values())
                 axes.errorbar(
-                    eps, means, yerr=spread if replicates > 1 else None, fmt="o-", color=colour, capsize=2,
+                    eps,
+                    means,
+                    yerr=spread if replicates > 1 else None,
+                    fmt="o-",
+                    color=colour,
+                    capsize=2,
                     label=model if replicates == 1 else f"{model} (mean +- std, {replicates})",
                 )
-        axes.set_title(f"{attack}\n{threat_label(first.threat, first.band, first.band_name, first.band_source)}", fontsize=8)
+        axes.set_title(
+            f"{attack}\n{threat_label(first.threat, first.band, first.band_name, first.band_source)}",
+            fontsize=8,
+        )
         axes.set_xlabel(f"eps ({first.norm or 'noise std'})", fontsize=8)
         axes.set_ylabel("accuracy", fontsize=8)
         axes.set_ylim(-0.03, 1.03)

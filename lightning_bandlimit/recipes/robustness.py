@@ -319,7 +319,9 @@ def _replicates(models: Mapping[str, Source | Sequence[Source]]) -> list[tuple[s
     for variant, sources in models.items():
         if isinstance(sources, (list, tuple)):
             if not sources:
-                raise ValueError(f"expected at least one checkpoint or module for variant {variant!r}, got none")
+                raise ValueError(
+                    f"expected at least one checkpoint or module for variant {variant!r}, got none"
+                )
             out += [(f"{variant}#{i}", variant, i, source) for i, source in enumerate(sources)]
         else:
             out.append((variant, variant, 0, sources))
@@ -365,12 +367,16 @@ def _resolve_subspaces(
                 )
             source = limited[0]
         if source not in variants:
-            raise ValueError(f"attack {spec.key!r}: expected band_of to name an evaluated model, one of {variants}, "
-                             f"got {source!r}")
+            raise ValueError(
+                f"attack {spec.key!r}: expected band_of to name an evaluated model, one of {variants}, "
+                f"got {source!r}"
+            )
         members = [m for m in evaluated if m.variant == source]
         for m in members:
             if m.band is None:
-                raise ValueError(f"attack {spec.key!r}: the band of {m.name!r} cannot be derived: {m.band_error}")
+                raise ValueError(
+                    f"attack {spec.key!r}: the band of {m.name!r} cannot be derived: {m.band_error}"
+                )
         band = members[0].band
         assert band is not None
         different = [m.name for m in members[1:] if not band.same_as(m.band)]  # type: ignore[arg-type]
@@ -707,7 +713,12 @@ def evaluate_robustness(
             for spec in specs:  # construction only: surfaces bad option values
                 for eps in spec.eps:
                     build_attack(
-                        spec, model.module, eps, num_classes=model.num_classes, seed=0, subspace=subspaces.get(spec.key)
+                        spec,
+                        model.module,
+                        eps,
+                        num_classes=model.num_classes,
+                        seed=0,
+                        subspace=subspaces.get(spec.key),
                     )
         if heat_map:
             from lightning_bandlimit.recipes.fourier_heatmap import fourier_heat_map, save_heat_map
@@ -792,8 +803,19 @@ def evaluate_robustness(
             with _frozen(m.module for m in evaluated):
                 for model in evaluated:
                     _evaluate_model(
-                        model, specs, batches, seed, target, records, worst, checks, save, bar, sanity_samples,
-                        subspaces, sources,
+                        model,
+                        specs,
+                        batches,
+                        seed,
+                        target,
+                        records,
+                        worst,
+                        checks,
+                        save,
+                        bar,
+                        sanity_samples,
+                        subspaces,
+                        sources,
                     )
                 bar.close()
                 for model in evaluated:
@@ -837,7 +859,9 @@ def evaluate_robustness(
                 "Models: " + "; ".join(f"{m.name} ({_model_note(m)})" for m in evaluated),
             ]
             limited_variants = _band_limited_variants(evaluated)
-            other_variants = [v for v in dict.fromkeys(m.variant for m in evaluated) if v not in limited_variants]
+            other_variants = [
+                v for v in dict.fromkeys(m.variant for m in evaluated) if v not in limited_variants
+            ]
             pair = (
                 (limited_variants[0], other_variants[0])
                 if len(limited_variants) == 1 and len(other_variants) == 1
@@ -845,10 +869,16 @@ def evaluate_robustness(
             )
             if heat_map and pair[0] is not None:
                 paths["heat_map_difference"] = _heat_map_difference(
-                    evaluated, heat_maps, output_dir, *pair, eps=heat_map_eps  # type: ignore[arg-type]
+                    evaluated,
+                    heat_maps,
+                    output_dir,
+                    *pair,
+                    eps=heat_map_eps,  # type: ignore[arg-type]
                 )
-            summary = summary_markdown(records, worst, checks, notes=notes) + "\n" + study_markdown(
-                records, worst, *pair
+            summary = (
+                summary_markdown(records, worst, checks, notes=notes)
+                + "\n"
+                + study_markdown(records, worst, *pair)
             )
             paths["plot"] = plot_accuracy_vs_eps(
                 records,
@@ -872,8 +902,13 @@ def evaluate_robustness(
 
 
 def _heat_map_difference(
-    evaluated: Sequence[_Model], heat_maps: Sequence[Mapping[str, Any]], output_dir: Path, limited: str, full: str,
-    *, eps: float,
+    evaluated: Sequence[_Model],
+    heat_maps: Sequence[Mapping[str, Any]],
+    output_dir: Path,
+    limited: str,
+    full: str,
+    *,
+    eps: float,
 ) -> Path:
     """Mean heat map per variant, and the band-limited minus full-spectrum difference with the kept box."""
     import numpy as np
@@ -889,7 +924,11 @@ def _heat_map_difference(
     assert band is not None
     path = output_dir / "heat_map_difference.png"
     save_heat_map_difference(
-        means[limited], means[full], path, names=(limited, full), box=band.box,
+        means[limited],
+        means[full],
+        path,
+        names=(limited, full),
+        box=band.box,
         title=(
             f"Fourier heat maps, L2 {eps:g} (mean over replicates); box: what {limited}'s input layer "
             f"{band.layer!r} keeps at compression {band.compression:.3g}"
@@ -1003,7 +1042,11 @@ def _evaluate_model(
             bar.set_postfix_str(f"{model.name} {spec.key}", refresh=False)
             with _seeded(device, run_seed):
                 attack = build_attack(
-                    spec, module, max(spec.eps), num_classes=model.num_classes, seed=run_seed,
+                    spec,
+                    module,
+                    max(spec.eps),
+                    num_classes=model.num_classes,
+                    seed=run_seed,
                     subspace=subspaces.get(spec.key),
                 )
                 run = _attack_batches(attack, module, batches, spec.key, bar)
@@ -1025,7 +1068,12 @@ def _evaluate_model(
             bar.set_postfix_str(f"{model.name} {spec.key} eps={eps:.4g}", refresh=False)
             with _seeded(device, run_seed):
                 attack = build_attack(
-                    spec, module, eps, num_classes=model.num_classes, seed=run_seed, subspace=subspaces.get(spec.key)
+                    spec,
+                    module,
+                    eps,
+                    num_classes=model.num_classes,
+                    seed=run_seed,
+                    subspace=subspaces.get(spec.key),
                 )
                 run = _attack_batches(attack, module, batches, spec.key, bar)
             add(spec, eps, run.correct, run.l2, run.linf, run.seconds, run_seed)

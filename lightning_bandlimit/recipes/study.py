@@ -183,9 +183,17 @@ def aggregate(records: Iterable[Any]) -> list[Aggregate]:
         loss = [r.clean_accuracy - r.robust_accuracy for r in rows]
         out.append(
             Aggregate(
-                variant, attack, norm, eps, threat_class(rows[0]), len(rows),
+                variant,
+                attack,
+                norm,
+                eps,
+                threat_class(rows[0]),
+                len(rows),
                 statistics.fmean(r.clean_accuracy for r in rows),
-                statistics.fmean(accuracy), _std(accuracy), statistics.fmean(loss), _std(loss),
+                statistics.fmean(accuracy),
+                _std(accuracy),
+                statistics.fmean(loss),
+                _std(loss),
             )
         )
     return out
@@ -216,12 +224,24 @@ def paired_differences(records: Iterable[Any], a: str, b: str) -> list[Paired]:
             continue
         diffs = [left[i].robust_accuracy - right[i].robust_accuracy for i in common]
         losses = [
-            (left[i].clean_accuracy - left[i].robust_accuracy) - (right[i].clean_accuracy - right[i].robust_accuracy)
+            (left[i].clean_accuracy - left[i].robust_accuracy)
+            - (right[i].clean_accuracy - right[i].robust_accuracy)
             for i in common
         ]
         attack, norm, eps = key
-        out.append(Paired(attack, norm, eps, threat_class(left[common[0]]), a, b, len(diffs),
-                          *_mean_interval(diffs), *_mean_interval(losses)))
+        out.append(
+            Paired(
+                attack,
+                norm,
+                eps,
+                threat_class(left[common[0]]),
+                a,
+                b,
+                len(diffs),
+                *_mean_interval(diffs),
+                *_mean_interval(losses),
+            )
+        )
     return out
 
 
@@ -264,8 +284,10 @@ class Verdict:
                 return f"{100 * mean:+.1f} +- {100 * half:.1f} points"
             return f"{100 * mean:+.1f} points"
 
-        seeds = f"95 % intervals over {d.pairs} paired seeds" if math.isfinite(d.half_width) else (
-            f"{d.pairs} seed: no interval"
+        seeds = (
+            f"95 % intervals over {d.pairs} paired seeds"
+            if math.isfinite(d.half_width)
+            else (f"{d.pairs} seed: no interval")
         )
         where = f"at {self.attack} eps {self.eps:.4g}"
         strength = (
@@ -330,7 +352,9 @@ def verdicts(records: Iterable[Any], limited: str, full: str) -> list[Verdict]:
                 largest = max(c[2].eps for c in rows)
                 pick = max((c for c in rows if c[2].eps == largest), key=lambda c: c[1].loss_mean)
             lim, ful, diff = pick
-            out.append(Verdict(cls, norm or None, diff.attack, diff.eps, bool(decisive), lim, ful, diff, not_covered))
+            out.append(
+                Verdict(cls, norm or None, diff.attack, diff.eps, bool(decisive), lim, ful, diff, not_covered)
+            )
     return out
 
 
@@ -348,7 +372,9 @@ def _pm(mean: float, std: float) -> str:
     return f"{100 * mean:.1f} +- {100 * std:.1f}" if math.isfinite(std) else f"{100 * mean:.1f}"
 
 
-def study_markdown(records: Sequence[Any], worst_case: Sequence[Any], limited: str | None, full: str | None) -> str:
+def study_markdown(
+    records: Sequence[Any], worst_case: Sequence[Any], limited: str | None, full: str | None
+) -> str:
     """The study's sections of ``summary.md``: per-variant table, paired differences, verdict.
 
     Args:
@@ -369,17 +395,32 @@ def study_markdown(records: Sequence[Any], worst_case: Sequence[Any], limited: s
         _table(
             ["variant", "attack", "threat class", "norm", "eps", "clean", "under attack", "loss"],
             [
-                [g.variant, g.attack, g.threat_class or "-", g.norm or "-", f"{g.eps:.4g}", f"{100 * g.clean_mean:.1f}",
-                 _pm(g.accuracy_mean, g.accuracy_std), _pm(g.loss_mean, g.loss_std)]
+                [
+                    g.variant,
+                    g.attack,
+                    g.threat_class or "-",
+                    g.norm or "-",
+                    f"{g.eps:.4g}",
+                    f"{100 * g.clean_mean:.1f}",
+                    _pm(g.accuracy_mean, g.accuracy_std),
+                    _pm(g.loss_mean, g.loss_std),
+                ]
                 for g in groups
             ],
         ),
     ]
     if limited is None or full is None:
-        parts += ["", "## Verdict", "", "No verdict: it needs one band-limited and one full-spectrum variant "
-                  f"(got band-limited {limited!r}, full-spectrum {full!r})."]
+        parts += [
+            "",
+            "## Verdict",
+            "",
+            "No verdict: it needs one band-limited and one full-spectrum variant "
+            f"(got band-limited {limited!r}, full-spectrum {full!r}).",
+        ]
         return "\n".join(parts) + "\n"
-    pairs = sorted(paired_differences(everything, limited, full), key=lambda p: (p.threat_class or "~", p.attack, p.eps))
+    pairs = sorted(
+        paired_differences(everything, limited, full), key=lambda p: (p.threat_class or "~", p.attack, p.eps)
+    )
     parts += [
         "",
         f"## Paired differences: {limited} minus {full} (points, same seed index, 95 % t intervals)",
@@ -388,12 +429,29 @@ def study_markdown(records: Sequence[Any], worst_case: Sequence[Any], limited: s
         "Resolved: the interval excludes 0.",
         "",
         _table(
-            ["attack", "threat class", "norm", "eps", "pairs", "loss difference", "resolved", "accuracy difference",
-             "resolved"],
             [
-                [p.attack, p.threat_class or "-", p.norm or "-", f"{p.eps:.4g}", p.pairs,
-                 _interval(p.loss_mean, p.loss_half_width), "yes" if p.loss_resolved else "no",
-                 _interval(p.mean, p.half_width), "yes" if p.resolved else "no"]
+                "attack",
+                "threat class",
+                "norm",
+                "eps",
+                "pairs",
+                "loss difference",
+                "resolved",
+                "accuracy difference",
+                "resolved",
+            ],
+            [
+                [
+                    p.attack,
+                    p.threat_class or "-",
+                    p.norm or "-",
+                    f"{p.eps:.4g}",
+                    p.pairs,
+                    _interval(p.loss_mean, p.loss_half_width),
+                    "yes" if p.loss_resolved else "no",
+                    _interval(p.mean, p.half_width),
+                    "yes" if p.resolved else "no",
+                ]
                 for p in pairs
             ],
         ),
@@ -403,8 +461,10 @@ def study_markdown(records: Sequence[Any], worst_case: Sequence[Any], limited: s
     ]
     found = verdicts(everything, limited, full)
     if not found:
-        parts.append("No threat class of the verdict was run (model bands `dropped` / `kept`, full-spectrum noise "
-                     "or full-spectrum white-box attacks).")
+        parts.append(
+            "No threat class of the verdict was run (model bands `dropped` / `kept`, full-spectrum noise "
+            "or full-spectrum white-box attacks)."
+        )
     for v in found:
         norm = f" ({v.norm})" if v.norm else ""
         parts.append(f"* **{v.threat_class}**{norm}: {v.sentence()} Not covered: {v.not_covered}.")

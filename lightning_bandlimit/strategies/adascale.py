@@ -6,7 +6,6 @@ buckets gives the two squared norms from which :func:`gradient_noise_statistics`
 gradient variance and squared mean (McCandlish et al. 2018) at no extra backward pass.
 """
 
-
 from typing import Any
 
 import torch
@@ -37,7 +36,9 @@ class GradientNormState:
         self.buckets = 0
 
 
-def gradient_norm_hook(state: GradientNormState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+def gradient_norm_hook(
+    state: GradientNormState, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
     """All-reduce (mean) a gradient bucket like DDP's default hook, recording both squared norms.
 
     Register with ``ddp_model.register_comm_hook(GradientNormState(), gradient_norm_hook)``.

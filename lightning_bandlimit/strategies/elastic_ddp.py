@@ -116,7 +116,9 @@ class ElasticDDPStrategy(DDPStrategy):
         if per_device_batch is not None and per_device_batch < 1:
             raise ValueError(f"per_device_batch must be at least 1, got {per_device_batch}")
         if cpu_threads is not None and cpu_threads < 0:
-            raise ValueError(f"cpu_threads must be None (auto), 0 (leave alone) or positive, got {cpu_threads}")
+            raise ValueError(
+                f"cpu_threads must be None (auto), 0 (leave alone) or positive, got {cpu_threads}"
+            )
         if rule is not None and not isinstance(rule, ScalingRule):
             raise TypeError(f"rule must be a ScalingRule, got {type(rule).__name__}")
         self.rule = rule
@@ -169,7 +171,9 @@ class ElasticDDPStrategy(DDPStrategy):
         super().configure_ddp()
         if isinstance(self.rule, AdaScale) and self.world_size > 1:
             if self._ddp_comm_hook is not None:
-                raise ValueError("AdaScale measures gradients with its own DDP communication hook; drop ddp_comm_hook")
+                raise ValueError(
+                    "AdaScale measures gradients with its own DDP communication hook; drop ddp_comm_hook"
+                )
             self._norms = GradientNormState()
             self.model.register_comm_hook(self._norms, gradient_norm_hook)  # type: ignore[union-attr, operator]
 
@@ -206,9 +210,13 @@ class ElasticDDPStrategy(DDPStrategy):
                 f"{type(dataloader).__name__}"
             )
         if isinstance(dataloader.dataset, IterableDataset):
-            raise ValueError("ElasticDDPStrategy needs a map-style dataset (with __len__) to keep the data position, got an IterableDataset")
+            raise ValueError(
+                "ElasticDDPStrategy needs a map-style dataset (with __len__) to keep the data position, got an IterableDataset"
+            )
         if dataloader.batch_size is None:
-            raise ValueError("ElasticDDPStrategy needs DataLoader(batch_size=...) for training, not a custom batch_sampler")
+            raise ValueError(
+                "ElasticDDPStrategy needs DataLoader(batch_size=...) for training, not a custom batch_sampler"
+            )
         original = dataloader.sampler
         seed = self.seed if self.seed is not None else 0
         if type(original) is DistributedSampler:
@@ -225,14 +233,20 @@ class ElasticDDPStrategy(DDPStrategy):
             )
         return ElasticSampler(
             len(dataloader.dataset),  # type: ignore[arg-type]
-            dataloader.batch_size, num_replicas=self.world_size, rank=self.global_rank, shuffle=shuffle, seed=seed,
+            dataloader.batch_size,
+            num_replicas=self.world_size,
+            rank=self.global_rank,
+            shuffle=shuffle,
+            seed=seed,
             full_epoch_len=True,
         )
 
     # ------------------------------------------------------------------ checkpoints
 
     @override
-    def load_checkpoint(self, checkpoint_path: str | Path, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, checkpoint_path: str | Path, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         self._restored = checkpoint.get(_KEY)
         self._restored_path = str(checkpoint_path)
@@ -266,7 +280,9 @@ class ElasticDDPStrategy(DDPStrategy):
             ) from None
 
     @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None
+    ) -> None:
         if self.reference is not None:
             checkpoint[_KEY] = {
                 "format": _FORMAT,
@@ -314,7 +330,11 @@ class ElasticDDPStrategy(DDPStrategy):
             self.rule = default_rule(optimizer)
         self._warn_step_schedulers(trainer)
         launched = read_optimizer(
-            optimizer, self.world_size, self._batch_size(), trainer.accumulate_grad_batches, lr=self._reference_lr(trainer)
+            optimizer,
+            self.world_size,
+            self._batch_size(),
+            trainer.accumulate_grad_batches,
+            lr=self._reference_lr(trainer),
         )
         if self._restored is None:
             self.reference = self.applied = launched
@@ -407,7 +427,11 @@ class ElasticDDPStrategy(DDPStrategy):
                 config.scheduler.base_lrs = [lr * ratio for lr in config.scheduler.base_lrs]
                 config.scheduler._last_lr = [g["lr"] for g in config.scheduler.optimizer.param_groups]
         trainer.accumulate_grad_batches = target.accumulation
-        self._rewarm = (self.samples_seen, target.warmup_samples, 1.0 / ratio) if target.warmup_samples and ratio > 1 else None
+        self._rewarm = (
+            (self.samples_seen, target.warmup_samples, 1.0 / ratio)
+            if target.warmup_samples and ratio > 1
+            else None
+        )
         previous_world = self.applied.world_size
         self.applied = target
         self._log_resize(trainer, previous_world, target, damping)
@@ -466,7 +490,12 @@ class ElasticDDPStrategy(DDPStrategy):
         trainer.accumulate_grad_batches = snapshot["accumulation"]
         retry = len(self.rollbacks) + 1
         damping = self.guard.damping(retry)
-        event = {"step": trainer.global_step, "retry": retry, "damping": damping, "samples_seen": self.samples_seen}
+        event = {
+            "step": trainer.global_step,
+            "retry": retry,
+            "damping": damping,
+            "samples_seen": self.samples_seen,
+        }
         self.rollbacks.append(event)
         rank_zero_warn(
             f"ElasticDDPStrategy: the loss diverged after the resize {self.resized_from} -> {self.world_size}; rolled "
@@ -543,7 +572,9 @@ class ElasticDDPStrategy(DDPStrategy):
                 group["lr"] = lr
         # the guard judges optimizer steps (checked at the next batch start, a window boundary)
         self._pending_loss, self._last_loss = self._last_loss, None
-        progress = self.gain * self.reference.global_batch if isinstance(self.rule, AdaScale) else self._step_samples
+        progress = (
+            self.gain * self.reference.global_batch if isinstance(self.rule, AdaScale) else self._step_samples
+        )
         self._step_samples = 0
         trainer = self.lightning_module.trainer
         for config in trainer.lr_scheduler_configs:
@@ -574,7 +605,9 @@ class ElasticDDPStrategy(DDPStrategy):
         if self._norms is not None and self._norms.buckets:
             local = self._norms.local_sq.to(self.root_device, torch.float64)
             local = self.reduce(local, reduce_op="mean")
-            sigma2, mu2 = gradient_noise_statistics(float(local), float(self._norms.global_sq), self.world_size)
+            sigma2, mu2 = gradient_noise_statistics(
+                float(local), float(self._norms.global_sq), self.world_size
+            )
             self._norms.reset()
             batch = self._batch_size() * self.lightning_module.trainer.accumulate_grad_batches
             smoothing = self.rule.smoothing
@@ -588,7 +621,9 @@ class ElasticDDPStrategy(DDPStrategy):
         elif "trace" not in self._noise:
             self.gain = self._no_statistics(scale)
         else:
-            self.gain = adascale_gain(self._noise["trace"] / self.reference.global_batch, self._noise["mu2"], scale)
+            self.gain = adascale_gain(
+                self._noise["trace"] / self.reference.global_batch, self._noise["mu2"], scale
+            )
         return self.gain
 
     def _no_statistics(self, scale: float) -> float:
@@ -621,7 +656,9 @@ def register_elastic_strategies() -> None:
     """
     if _KEY not in StrategyRegistry:
         StrategyRegistry.register(
-            _KEY, ElasticDDPStrategy, description="DDP that rescales the optimizer by rule after a resize",
+            _KEY,
+            ElasticDDPStrategy,
+            description="DDP that rescales the optimizer by rule after a resize",
             start_method="popen",
         )
 

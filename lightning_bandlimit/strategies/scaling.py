@@ -93,7 +93,11 @@ class ScalingRule(ABC):
 
     @abstractmethod
     def adjust(
-        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
+        self,
+        reference: TrainingConfig,
+        world_size: int,
+        damping: float = 1.0,
+        accumulation: int | None = None,
     ) -> TrainingConfig:
         """The configuration to train with on ``world_size`` processes.
 
@@ -144,7 +148,11 @@ class LinearScaling(ScalingRule):
         self.warmup_steps = warmup_steps
 
     def adjust(
-        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
+        self,
+        reference: TrainingConfig,
+        world_size: int,
+        damping: float = 1.0,
+        accumulation: int | None = None,
     ) -> TrainingConfig:
         accumulation = accumulation or reference.accumulation
         k = self._factor(reference, world_size, accumulation, damping)
@@ -175,7 +183,11 @@ class SquareRootScaling(ScalingRule):
         self.max_beta = max_beta
 
     def adjust(
-        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
+        self,
+        reference: TrainingConfig,
+        world_size: int,
+        damping: float = 1.0,
+        accumulation: int | None = None,
     ) -> TrainingConfig:
         if reference.betas is None:
             raise ValueError("the square-root rule rescales Adam betas, but the optimizer has none")
@@ -184,7 +196,12 @@ class SquareRootScaling(ScalingRule):
         betas = tuple(min(self.max_beta, max(0.0, 1 - k * (1 - b))) for b in reference.betas)
         eps = None if reference.eps is None else reference.eps / math.sqrt(k)
         return replace(  # type: ignore[arg-type]
-            reference, world_size=world_size, accumulation=accumulation, lr=reference.lr * math.sqrt(k), betas=betas, eps=eps
+            reference,
+            world_size=world_size,
+            accumulation=accumulation,
+            lr=reference.lr * math.sqrt(k),
+            betas=betas,
+            eps=eps,
         )
 
 
@@ -215,7 +232,11 @@ class KeepGlobalBatch(ScalingRule):
         self.max_accumulation = max_accumulation
 
     def adjust(
-        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
+        self,
+        reference: TrainingConfig,
+        world_size: int,
+        damping: float = 1.0,
+        accumulation: int | None = None,
     ) -> TrainingConfig:
         per_step = world_size * reference.per_device_batch
         exact = reference.global_batch / per_step
@@ -253,7 +274,11 @@ class MomentumAwareScaling(ScalingRule):
         self.min_momentum, self.max_momentum = min_momentum, max_momentum
 
     def adjust(
-        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
+        self,
+        reference: TrainingConfig,
+        world_size: int,
+        damping: float = 1.0,
+        accumulation: int | None = None,
     ) -> TrainingConfig:
         if reference.momentum is None:
             raise ValueError("the momentum-aware rule needs an SGD momentum, but the optimizer has none")
@@ -282,7 +307,11 @@ class NoScaling(ScalingRule):
     name = "none"
 
     def adjust(
-        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation: int | None = None
+        self,
+        reference: TrainingConfig,
+        world_size: int,
+        damping: float = 1.0,
+        accumulation: int | None = None,
     ) -> TrainingConfig:
         accumulation = accumulation or reference.accumulation
         self._factor(reference, world_size, accumulation, damping)  # argument checks
@@ -337,7 +366,11 @@ def default_rule(optimizer: torch.optim.Optimizer) -> ScalingRule:
 
 
 def read_optimizer(
-    optimizer: torch.optim.Optimizer, world_size: int, per_device_batch: int, accumulation: int, lr: float | None = None
+    optimizer: torch.optim.Optimizer,
+    world_size: int,
+    per_device_batch: int,
+    accumulation: int,
+    lr: float | None = None,
 ) -> TrainingConfig:
     """The :class:`TrainingConfig` of a running optimizer (its first parameter group).
 
@@ -351,8 +384,11 @@ def read_optimizer(
     group = optimizer.param_groups[0]
     betas = group.get("betas")
     return TrainingConfig(
-        world_size=world_size, per_device_batch=per_device_batch, accumulation=accumulation,
-        lr=float(group["lr"]) if lr is None else float(lr), momentum=group.get("momentum"),
+        world_size=world_size,
+        per_device_batch=per_device_batch,
+        accumulation=accumulation,
+        lr=float(group["lr"]) if lr is None else float(lr),
+        momentum=group.get("momentum"),
         betas=tuple(float(b) for b in betas) if betas is not None else None,  # type: ignore[arg-type]
         eps=group.get("eps"),
     )

@@ -64,7 +64,11 @@ class StabilityGuard:
         max_retries: int = 2,
         damping_factor: float = 0.5,
     ) -> None:
-        for name, value, minimum in (("window", window, 1), ("history", history, 1), ("patience", patience, 1)):
+        for name, value, minimum in (
+            ("window", window, 1),
+            ("history", history, 1),
+            ("patience", patience, 1),
+        ):
             if not isinstance(value, int) or value < minimum:
                 raise ValueError(f"expected {name} to be an int >= {minimum}, got {value!r}")
         if patience > window:

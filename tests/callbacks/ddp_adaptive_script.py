@@ -30,12 +30,28 @@ if __name__ == "__main__":
     pl.seed_everything(0)
     rank = int(os.environ.get("LOCAL_RANK", 0))
     adaptive = AdaptiveBandLimit(
-        probe=ScriptedProbe(free=TRACES[rank], total=1000), min_free=0.2, release_free=0.4,
-        check_every_n_steps=1, raise_step=0.3, lower_step=0.1, release_checks=2, cooldown_checks=1,
+        probe=ScriptedProbe(free=TRACES[rank], total=1000),
+        min_free=0.2,
+        release_free=0.4,
+        check_every_n_steps=1,
+        raise_step=0.3,
+        lower_step=0.1,
+        release_checks=2,
+        cooldown_checks=1,
     )
     trainer = pl.Trainer(
-        accelerator="cpu", devices=2, strategy="ddp", max_steps=12, limit_val_batches=0,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_steps=12,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[adaptive, Report(adaptive)],
     )
-    trainer.fit(ImageClassifier("small_cnn", width=4), SyntheticImageDataModule(train_size=96, val_size=8, batch_size=4))
+    trainer.fit(
+        ImageClassifier("small_cnn", width=4),
+        SyntheticImageDataModule(train_size=96, val_size=8, batch_size=4),
+    )

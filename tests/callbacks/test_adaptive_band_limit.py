@@ -21,9 +21,16 @@ GIB = 1 << 30
 
 def _trainer(tmp_path: Path, callbacks: list, max_steps: int, **kwargs: object) -> pl.Trainer:
     return pl.Trainer(
-        default_root_dir=tmp_path, accelerator="cpu", max_steps=max_steps, limit_val_batches=0,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=callbacks, **kwargs,
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=max_steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        **kwargs,
     )
 
 
@@ -32,13 +39,23 @@ def _data(n: int = 64) -> SyntheticImageDataModule:
 
 
 def _callback(frees: list[int], **kwargs: object) -> AdaptiveBandLimit:
-    defaults = dict(min_free=0.2, release_free=0.4, check_every_n_steps=1, raise_step=0.3,
-                    lower_step=0.1, release_checks=2, cooldown_checks=1, max_compression=0.9)
+    defaults = dict(
+        min_free=0.2,
+        release_free=0.4,
+        check_every_n_steps=1,
+        raise_step=0.3,
+        lower_step=0.1,
+        release_checks=2,
+        cooldown_checks=1,
+        max_compression=0.9,
+    )
     defaults.update(kwargs)
     # frees are thousandths of a 1-GiB device, so the job's learned memory (hundreds of KiB)
     # is on the same scale as the thresholds
     unit = GIB // 1000
-    return AdaptiveBandLimit(probe=ScriptedProbe(free=[f * unit for f in frees], total=1000 * unit), **defaults)
+    return AdaptiveBandLimit(
+        probe=ScriptedProbe(free=[f * unit for f in frees], total=1000 * unit), **defaults
+    )
 
 
 def test_scripted_cotenant_raises_then_releases(tmp_path: Path) -> None:
@@ -55,9 +72,11 @@ def test_scripted_cotenant_raises_then_releases(tmp_path: Path) -> None:
     assert peak <= 0.9  # bounded
     assert timeline[-1] < peak and timeline[-1] == min(timeline[7:])  # released after the co-tenant left
     assert {layer.compression for _, layer in bandlimited_layers(model)} == {callback.compression}
-    assert {"AdaptiveBandLimit/free_bytes", "AdaptiveBandLimit/decision", "AdaptiveBandLimit/compression"} <= set(
-        trainer.callback_metrics
-    )
+    assert {
+        "AdaptiveBandLimit/free_bytes",
+        "AdaptiveBandLimit/decision",
+        "AdaptiveBandLimit/compression",
+    } <= set(trainer.callback_metrics)
     assert all(d["job_peak_bytes"] > 0 for d in callback.decisions)  # saved-tensor accounting on CPU
     assert len(callback.controller.model.points) >= 2  # learned memory versus compression
 
@@ -110,7 +129,10 @@ def test_oom_backstop_retries_the_batch_at_higher_compression(tmp_path: Path) ->
 def test_oom_backstop_retries_only_once(tmp_path: Path) -> None:
     model = _OutOfMemoryBelow(fits_from=0.5)
     callback = _callback([500] * 10, raise_step=0.2)
-    with pytest.warns(UserWarning, match="retrying the batch once"), pytest.raises(torch.cuda.OutOfMemoryError):
+    with (
+        pytest.warns(UserWarning, match="retrying the batch once"),
+        pytest.raises(torch.cuda.OutOfMemoryError),
+    ):
         _trainer(tmp_path, [callback], max_steps=3).fit(model, _data())
 
 
@@ -132,7 +154,9 @@ def test_bad_arguments() -> None:
 def test_ddp_ranks_apply_the_same_compression_on_the_same_step(tmp_path: Path) -> None:
     script = Path(__file__).with_name("ddp_adaptive_script.py")
     env = {**os.environ, "BANDLIMIT_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["timeline"] == ranks[1]["timeline"]
@@ -156,8 +180,12 @@ class _CoTenant(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
         if trainer.global_step == self.start:
-            self.proc = subprocess.Popen([sys.executable, "-c", _COTENANT, str(self.nbytes)],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", _COTENANT, str(self.nbytes)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             assert self.proc.stdout.readline().strip() == "holding"
         elif trainer.global_step == self.stop:
             self.release()
@@ -176,12 +204,20 @@ def test_real_cotenant_on_host_memory(tmp_path: Path) -> None:
     # Thresholds relative to what is free now: a 4 GiB co-tenant crosses min_free, and 1.5 GiB
     # of slack on either side absorbs what other processes on the machine do meanwhile.
     callback = AdaptiveBandLimit(
-        probe=probe, min_free=available - 2.5 * GIB, release_free=available - 1.5 * GIB,
-        check_every_n_steps=1, raise_step=0.3, lower_step=0.3, release_checks=2, cooldown_checks=1,
+        probe=probe,
+        min_free=available - 2.5 * GIB,
+        release_free=available - 1.5 * GIB,
+        check_every_n_steps=1,
+        raise_step=0.3,
+        lower_step=0.3,
+        release_checks=2,
+        cooldown_checks=1,
     )
     cotenant = _CoTenant(start=4, stop=10, nbytes=4 * GIB)
     try:
-        _trainer(tmp_path, [cotenant, callback], max_steps=20).fit(ImageClassifier("small_cnn", width=4), _data(96))
+        _trainer(tmp_path, [cotenant, callback], max_steps=20).fit(
+            ImageClassifier("small_cnn", width=4), _data(96)
+        )
     finally:
         cotenant.release()
     by_step = {d["step"]: d["compression"] for d in callback.decisions}

@@ -20,8 +20,14 @@ from lightning_bandlimit.models import ImageClassifier
 
 def _trainer(tmp_path: Path, callbacks: list, **kwargs: object) -> pl.Trainer:
     defaults = dict(
-        default_root_dir=tmp_path, accelerator="cpu", max_steps=2, limit_val_batches=1,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=2,
+        limit_val_batches=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     defaults.update(kwargs)
     return pl.Trainer(callbacks=callbacks, **defaults)
@@ -100,7 +106,9 @@ def test_band_limited_checkpoint_evaluates_with_and_without_band_limiting(tmp_pa
         metrics = _trainer(tmp_path, []).validate(plain, _data(), ckpt_path=ckpt, verbose=False)
     assert type(plain.backbone[0]) is nn.Conv2d and "val/acc" in metrics[0]
     banded = _model()
-    metrics = _trainer(tmp_path, [BandLimit(compression=0.1)]).validate(banded, _data(), ckpt_path=ckpt, verbose=False)
+    metrics = _trainer(tmp_path, [BandLimit(compression=0.1)]).validate(
+        banded, _data(), ckpt_path=ckpt, verbose=False
+    )
     assert banded.backbone[0].compression == 0.5  # restored from the checkpoint
     assert torch.equal(banded.backbone[0].weight, plain.backbone[0].weight)
 
@@ -144,7 +152,12 @@ def _ddp_run(tmp_path: Path, memory_lean: bool) -> list[dict]:
     script = Path(__file__).with_name("ddp_band_limit_script.py")
     out = tmp_path / f"lean{int(memory_lean)}"
     out.mkdir()
-    env = {**os.environ, "BANDLIMIT_OUT": str(out), "BANDLIMIT_LEAN": str(int(memory_lean)), "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "BANDLIMIT_OUT": str(out),
+        "BANDLIMIT_LEAN": str(int(memory_lean)),
+        "PYTHONUNBUFFERED": "1",
+    }
     proc = subprocess.run(
         [sys.executable, str(script)], cwd=out, env=env, capture_output=True, text=True, timeout=300
     )

@@ -36,8 +36,17 @@ def test_spatial_equals_spectral_2d(case, memory_lean):
     outs = {}
     for algorithm in ("spectral", "spatial", "auto"):
         y = fft_conv2d(
-            x * 1.0, weight, bias, s, p, d, g,
-            padding_mode=mode, compression=c, memory_lean=memory_lean, algorithm=algorithm,
+            x * 1.0,
+            weight,
+            bias,
+            s,
+            p,
+            d,
+            g,
+            padding_mode=mode,
+            compression=c,
+            memory_lean=memory_lean,
+            algorithm=algorithm,
         )
         grads = torch.autograd.grad(y, (x, weight, bias), torch.ones_like(y) + y.detach())
         outs[algorithm] = (y, *grads)
@@ -55,7 +64,16 @@ def test_spatial_equals_spectral_1d(memory_lean):
     for algorithm in ("spectral", "spatial"):
         # relu(...) publishes a recipe of its input under memory_lean: the spatial path rebuilds
         # it in the caller's (N, C, L) shape.
-        y = fft_conv1d((x * 1.0).relu(), weight, None, 2, 2, compression=0.6, memory_lean=memory_lean, algorithm=algorithm)
+        y = fft_conv1d(
+            (x * 1.0).relu(),
+            weight,
+            None,
+            2,
+            2,
+            compression=0.6,
+            memory_lean=memory_lean,
+            algorithm=algorithm,
+        )
         results.append((y, *torch.autograd.grad(y.square().sum(), (x, weight))))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
@@ -81,7 +99,9 @@ def test_full_band_runs_the_native_convolution_and_keeps_only_the_input():
 
 
 def test_unknown_algorithm_is_rejected_with_the_choices():
-    with pytest.raises(ValueError, match=r"algorithm must be one of \('auto', 'spectral', 'spatial'\), got 'fft'"):
+    with pytest.raises(
+        ValueError, match=r"algorithm must be one of \('auto', 'spectral', 'spatial'\), got 'fft'"
+    ):
         fft_conv2d(torch.zeros(1, 1, 4, 4), torch.zeros(1, 1, 3, 3), compression=0.5, algorithm="fft")
     layer = BandLimitedConv2d(1, 1, 3, compression=0.5)
     layer.algorithm = "fast"

@@ -20,8 +20,15 @@ def _run(controller: CompressionController, frees: list[int], start: float = 0.0
 
 
 def test_cotenant_rise_then_fall() -> None:
-    ctl = CompressionController(min_free=0.2, release_free=0.4, raise_step=0.2, lower_step=0.1,
-                                release_checks=3, cooldown_checks=2, max_compression=0.8)
+    ctl = CompressionController(
+        min_free=0.2,
+        release_free=0.4,
+        raise_step=0.2,
+        lower_step=0.1,
+        release_checks=3,
+        cooldown_checks=2,
+        max_compression=0.8,
+    )
     frees = [700] * 5 + [100] * 6 + [700] * 40
     timeline = _run(ctl, frees)
     assert timeline[:5] == [0.0] * 5
@@ -78,7 +85,9 @@ def test_steps_when_the_model_says_compression_does_not_help() -> None:
 
 
 def test_release_stops_at_the_model_floor() -> None:
-    ctl = CompressionController(min_free=200, release_free=400, lower_step=0.5, release_checks=1, cooldown_checks=0)
+    ctl = CompressionController(
+        min_free=200, release_free=400, lower_step=0.5, release_checks=1, cooldown_checks=0
+    )
     ctl.model.observe(0.0, 1000)
     ctl.model.observe(0.8, 200)
     decision = ctl.decide(MemoryReading(total=TOTAL, free=500, source="scripted"), 0.8)
@@ -107,9 +116,15 @@ def test_memory_model_interpolates_and_needs_two_points() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [dict(min_free=0), dict(min_free=0.3, release_free=0.2), dict(min_free=0.1, release_free=500),
-     dict(min_compression=0.5, max_compression=0.4), dict(raise_step=0), dict(release_checks=0),
-     dict(max_compression=1.0)],
+    [
+        dict(min_free=0),
+        dict(min_free=0.3, release_free=0.2),
+        dict(min_free=0.1, release_free=500),
+        dict(min_compression=0.5, max_compression=0.4),
+        dict(raise_step=0),
+        dict(release_checks=0),
+        dict(max_compression=1.0),
+    ],
 )
 def test_bad_configuration(kwargs: dict) -> None:
     with pytest.raises(ValueError):
@@ -117,8 +132,9 @@ def test_bad_configuration(kwargs: dict) -> None:
 
 
 def test_releases_never_go_below_an_oom_compression() -> None:
-    ctl = CompressionController(min_free=0.2, release_free=0.4, raise_step=0.3, lower_step=0.1,
-                                release_checks=1, cooldown_checks=0)
+    ctl = CompressionController(
+        min_free=0.2, release_free=0.4, raise_step=0.3, lower_step=0.1, release_checks=1, cooldown_checks=0
+    )
     retry = ctl.on_oom(0.2)
     assert retry == pytest.approx(0.5) and ctl.oom_floor == pytest.approx(0.5)
     assert set(_run(ctl, [900] * 30, start=retry)) == {0.5}

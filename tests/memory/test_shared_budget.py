@@ -85,8 +85,15 @@ def test_shared_budget_probe_subtracts_both_and_clips_and_fails_as_unavailable()
 
 def _trainer(tmp_path: Path, callbacks: list[pl.Callback], steps: int) -> pl.Trainer:
     return pl.Trainer(
-        default_root_dir=tmp_path, accelerator="cpu", max_steps=steps, limit_val_batches=0, callbacks=callbacks,
-        logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_steps=steps,
+        limit_val_batches=0,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
 
 
@@ -94,13 +101,16 @@ def test_shared_budget_moves_the_cotenant_measures_each_step_and_counts_overdraf
     trace = RampTrace(low=0, high=64 * MIB, start=0.25, ramp=0.25, leave=0.75)
     shared = SharedBudget(budget=None, trace=trace)
     _trainer(tmp_path, [shared], steps=8).fit(
-        ImageClassifier("small_cnn", width=4), SyntheticImageDataModule(train_size=64, val_size=8, batch_size=8)
+        ImageClassifier("small_cnn", width=4),
+        SyntheticImageDataModule(train_size=64, val_size=8, batch_size=8),
     )
     timeline = shared.timeline
     assert [r["step"] for r in timeline] == list(range(1, 9))
     cotenant = [r["cotenant_bytes"] for r in timeline]
     assert max(cotenant) - min(cotenant) == pytest.approx(64 * MIB, abs=8 * MIB)  # its real resident set
-    assert cotenant.index(max(cotenant)) in (4, 5) and cotenant[-1] < max(cotenant) - 48 * MIB  # grew, then left
+    assert (
+        cotenant.index(max(cotenant)) in (4, 5) and cotenant[-1] < max(cotenant) - 48 * MIB
+    )  # grew, then left
     assert all(r["job_bytes"] >= r["start_bytes"] > 0 for r in timeline)
     assert shared.cotenant is None  # the process ended with the fit
     totals = sorted(r["job_bytes"] + r["cotenant_bytes"] for r in timeline)
@@ -114,7 +124,8 @@ def test_shared_budget_must_come_before_the_adaptive_callback(tmp_path: Path) ->
     adaptive = AdaptiveBandLimit(probe=shared.probe, check_every_n_steps=1)
     with pytest.raises(ValueError, match="before AdaptiveBandLimit"):
         _trainer(tmp_path, [adaptive, shared], steps=1).fit(
-            ImageClassifier("small_cnn", width=4), SyntheticImageDataModule(train_size=8, val_size=8, batch_size=8)
+            ImageClassifier("small_cnn", width=4),
+            SyntheticImageDataModule(train_size=8, val_size=8, batch_size=8),
         )
 
 
@@ -130,11 +141,18 @@ def test_adaptive_callback_raises_compression_when_the_cotenant_eats_the_budget(
     budget = resident_bytes() + 256 * MIB
     shared = SharedBudget(budget=budget, trace=trace)
     adaptive = AdaptiveBandLimit(
-        probe=shared.probe, min_free=64 * MIB, release_free=128 * MIB, check_every_n_steps=1, release_checks=1,
-        cooldown_checks=0, lower_step=0.2, recalibrate_bn=0,
+        probe=shared.probe,
+        min_free=64 * MIB,
+        release_free=128 * MIB,
+        check_every_n_steps=1,
+        release_checks=1,
+        cooldown_checks=0,
+        lower_step=0.2,
+        recalibrate_bn=0,
     )
     _trainer(tmp_path, [shared, adaptive], steps=10).fit(
-        ImageClassifier("small_cnn", width=4), SyntheticImageDataModule(train_size=80, val_size=8, batch_size=8)
+        ImageClassifier("small_cnn", width=4),
+        SyntheticImageDataModule(train_size=80, val_size=8, batch_size=8),
     )
     compression = [r["compression"] for r in shared.timeline]
     assert compression[0] == 0.0 and max(compression) > 0.0  # raised while the co-tenant held the budget
@@ -142,22 +160,40 @@ def test_adaptive_callback_raises_compression_when_the_cotenant_eats_the_budget(
     assert any(d["reason"] == "raise" for d in adaptive.decisions)
     # the memory model learns the job's measured resident peak, the quantity the budget counts
     by_step = {r["step"]: r["job_bytes"] for r in shared.timeline}
-    assert [d["job_peak_bytes"] for d in adaptive.decisions] == [by_step[d["step"]] for d in adaptive.decisions]
+    assert [d["job_peak_bytes"] for d in adaptive.decisions] == [
+        by_step[d["step"]] for d in adaptive.decisions
+    ]
 
 
 def _result(timeline: list[dict]) -> JobResult:
     return JobResult(
-        name="plain", mode="plain", val_accuracy=0.9, final_compression=0.0, achieved_compression=0.0,
-        compression_changes=0, step_ms=1.0, wall_s=1.0, peak_job_bytes=max(r["job_bytes"] for r in timeline),
-        step_increment_bytes=100, bn_recalibrations=0, bn_recalibration_seconds=0.0,
-        checkpoint="", log_dir="", timeline=timeline,
+        name="plain",
+        mode="plain",
+        val_accuracy=0.9,
+        final_compression=0.0,
+        achieved_compression=0.0,
+        compression_changes=0,
+        step_ms=1.0,
+        wall_s=1.0,
+        peak_job_bytes=max(r["job_bytes"] for r in timeline),
+        step_increment_bytes=100,
+        bn_recalibrations=0,
+        bn_recalibration_seconds=0.0,
+        checkpoint="",
+        log_dir="",
+        timeline=timeline,
     )
 
 
 def test_budget_is_below_what_the_plain_job_needs_beside_the_cotenants_peak() -> None:
     trace = RampTrace(low=0, high=1000, start=0.2, ramp=0.2, leave=0.8)
     cotenant = [trace(i / 10) for i in range(10)]
-    plain = _result([{"step": i + 1, "job_bytes": 500, "start_bytes": 400, "cotenant_bytes": c} for i, c in enumerate(cotenant)])
+    plain = _result(
+        [
+            {"step": i + 1, "job_bytes": 500, "start_bytes": 400, "cotenant_bytes": c}
+            for i, c in enumerate(cotenant)
+        ]
+    )
     budget = budget_for(plain, trace, below=0.2)
     assert budget == 1500 - 20  # held: 500 + 1000, less 0.2 x the 100-byte step increment
     assert over_budget(plain, budget) == 4  # the four steps at the co-tenant's peak

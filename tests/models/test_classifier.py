@@ -21,7 +21,9 @@ def test_cifar_resnet18_shapes_and_parameter_count() -> None:
     model = cifar_resnet18(10)
     assert sum(p.numel() for p in model.parameters()) == 11_173_962  # the standard CIFAR ResNet-18
     convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-    assert sum(m.kernel_size == (3, 3) for m in convs) == 17 and sum(m.kernel_size == (1, 1) for m in convs) == 3
+    assert (
+        sum(m.kernel_size == (3, 3) for m in convs) == 17 and sum(m.kernel_size == (1, 1) for m in convs) == 3
+    )
 
 
 def test_backbones_by_name() -> None:
@@ -41,8 +43,15 @@ def test_argument_checks() -> None:
 
 def test_trains_logs_metrics_and_uses_a_per_step_schedule(tmp_path: Path) -> None:
     model = ImageClassifier("small_cnn", width=4, learning_rate=0.05)
-    trainer = pl.Trainer(default_root_dir=tmp_path, accelerator="cpu", max_epochs=2, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        default_root_dir=tmp_path,
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     data = SyntheticImageDataModule(train_size=32, val_size=16, test_size=16, batch_size=8)
     trainer.fit(model, data)
     assert {"train/loss_epoch", "train/acc", "val/loss", "val/acc"} <= set(trainer.callback_metrics)
@@ -63,4 +72,7 @@ def test_sample_schedule_needs_the_elastic_strategy() -> None:
         ImageClassifier("small_cnn", width=8, lr_schedule="cosine")
     trainer = pl.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
     with pytest.raises(ValueError, match="ElasticDDPStrategy"):
-        trainer.fit(ImageClassifier("small_cnn", width=8, lr_schedule="samples"), SyntheticImageDataModule(train_size=16, batch_size=8))
+        trainer.fit(
+            ImageClassifier("small_cnn", width=8, lr_schedule="samples"),
+            SyntheticImageDataModule(train_size=16, batch_size=8),
+        )

@@ -38,7 +38,9 @@ def test_the_dropped_band_is_exactly_the_layers_null_space() -> None:
     torch.manual_seed(0)
     layer = BandLimitedConv2d(1, 3, 3, padding=1, bias=False, compression=0.6).double().eval()
     band = input_band(nn.Sequential(layer), (1, 9, 9))
-    jacobian = torch.autograd.functional.jacobian(lambda v: layer(v.view(1, 1, 9, 9)).flatten(), torch.zeros(81, dtype=torch.float64))
+    jacobian = torch.autograd.functional.jacobian(
+        lambda v: layer(v.view(1, 1, 9, 9)).flatten(), torch.zeros(81, dtype=torch.float64)
+    )
     rank = int(torch.linalg.matrix_rank(jacobian, atol=1e-9))
     assert rank == band.kept.dims  # nothing kept is lost, nothing dropped is seen
     basis = band.dropped.project(torch.eye(81, dtype=torch.float64).view(81, 1, 9, 9)).view(81, 81)
@@ -132,10 +134,14 @@ def test_pixel_mixing_before_the_input_layer_is_refused(before: nn.Module, messa
 def test_bad_input() -> None:
     with pytest.raises(ValueError, match=r"reached by a \(3, 8, 8\) image"):
         input_band(nn.Sequential(nn.Flatten(), nn.Linear(192, 2)).eval(), (3, 8, 8))
-    with pytest.raises(ValueError, match=r"expected image_shape \(C, H, W\) of positive integers, got \(8, 8\)"):
+    with pytest.raises(
+        ValueError, match=r"expected image_shape \(C, H, W\) of positive integers, got \(8, 8\)"
+    ):
         input_band(nn.Conv2d(3, 4, 3), (8, 8))  # type: ignore[arg-type]
     band = input_band(bandlimit(nn.Sequential(nn.Conv2d(3, 4, 3)), 0.5).eval(), (3, 8, 8))
-    with pytest.raises(ValueError, match=r"expected real images of size \(\.\.\., 8, 8\), got torch.float32 \(1, 3, 9, 9\)"):
+    with pytest.raises(
+        ValueError, match=r"expected real images of size \(\.\.\., 8, 8\), got torch.float32 \(1, 3, 9, 9\)"
+    ):
         band.dropped.project(torch.zeros(1, 3, 9, 9))
     with pytest.raises(ValueError, match=r"expected a model band in \['dropped', 'kept'\], got 'high'"):
         band.part("high")

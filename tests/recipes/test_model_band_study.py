@@ -23,7 +23,11 @@ def cnn(seed: int, compression: float | None) -> nn.Module:
     """A small CNN trained on the tiny task; band-limited (input layer included) when ``compression``."""
     torch.manual_seed(seed)
     net = nn.Sequential(
-        nn.Conv2d(3, 6, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(24, CLASSES)
+        nn.Conv2d(3, 6, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(24, CLASSES),
     )
     if compression is not None:
         bandlimit(net, compression)
@@ -41,7 +45,9 @@ def loader() -> DataLoader:
 
 ATTACKS = [
     AttackSpec("band_noise", eps=[0, 0.2, 0.4], band="dropped"),
-    AttackSpec("band_noise", eps=[0, 2.0], band="dropped", options={"norm": "L2"}, label="band_noise_l2[dropped]"),
+    AttackSpec(
+        "band_noise", eps=[0, 2.0], band="dropped", options={"norm": "L2"}, label="band_noise_l2[dropped]"
+    ),
     AttackSpec("band_pgd", eps=[0, 0.1], band="dropped", options={"steps": 3}),
     AttackSpec("band_noise", eps=[0, 0.2], band="kept"),
     AttackSpec("pgd", eps=[0, 0.05], options={"steps": 3}),
@@ -57,8 +63,10 @@ def test_band_attacks_take_a_model_band() -> None:
     model = cnn(0, 0.6)
     band = input_band(model, (3, 8, 8))
     images, labels = make_data(8, seed=3)
-    for attack in (BandNoise(model, eps=0.3, band=band.dropped, seed=0),
-                   BandPGD(model, eps=0.3, alpha=0.1, steps=3, band=band.dropped)):
+    for attack in (
+        BandNoise(model, eps=0.3, band=band.dropped, seed=0),
+        BandPGD(model, eps=0.3, alpha=0.1, steps=3, band=band.dropped),
+    ):
         delta = attack(images, labels) - images
         assert float(delta.abs().max()) <= 0.3 + 1e-6
         assert torch.allclose(band.dropped.project(delta.double()).float(), delta, atol=1e-5)
@@ -79,7 +87,9 @@ def test_specs_with_a_model_band() -> None:
         validate_attack_specs([{"name": "band_pgd", "eps": [0.1], "band": "high", "band_of": "bl"}])
     with pytest.raises(ValueError, match="or a model's band: dropped, kept"):
         validate_attack_specs([{"name": "band_pgd", "eps": [0.1], "band": "droped"}])
-    with pytest.raises(ValueError, match=r"band 'dropped' is a model's; expected the subspace InputBand.dropped"):
+    with pytest.raises(
+        ValueError, match=r"band 'dropped' is a model's; expected the subspace InputBand.dropped"
+    ):
         build_attack(spec, nn.Linear(2, 2), 0.1, num_classes=2, seed=0)
 
 
@@ -117,14 +127,20 @@ def test_the_source_can_be_named_and_is_checked(tmp_path: Path, variants: dict[s
     spec = AttackSpec("band_noise", eps=[0, 0.2], band="dropped", band_of="bl")
     report = run(variants, tmp_path / "named", [spec])
     assert {r.attack for r in report.records} == {"band_noise[dropped@bl]"}
-    with pytest.raises(ValueError, match=r"expected band_of to name an evaluated model, one of \['bl', 'fs'\], got 'x'"):
+    with pytest.raises(
+        ValueError, match=r"expected band_of to name an evaluated model, one of \['bl', 'fs'\], got 'x'"
+    ):
         run(variants, tmp_path / "x", [AttackSpec("band_noise", eps=[0.2], band="dropped", band_of="x")])
     with pytest.raises(ValueError, match=r"the dropped band of 'fs' is empty .* keeps every frequency"):
         run(variants, tmp_path / "fs", [AttackSpec("band_noise", eps=[0.2], band="dropped", band_of="fs")])
-    with pytest.raises(ValueError, match=r"needs its source model; expected band_of: one of \['fs'\], got no band_of"):
+    with pytest.raises(
+        ValueError, match=r"needs its source model; expected band_of: one of \['fs'\], got no band_of"
+    ):
         run({"fs": variants["fs"]}, tmp_path / "none", [AttackSpec("band_noise", eps=[0.2], band="dropped")])
     mixed = {"bl": [variants["bl"][0], cnn(1, 0.85)], "fs": variants["fs"]}
-    with pytest.raises(ValueError, match=r"expected the replicates of 'bl' to share one input band, got \['bl#1'\]"):
+    with pytest.raises(
+        ValueError, match=r"expected the replicates of 'bl' to share one input band, got \['bl#1'\]"
+    ):
         run(mixed, tmp_path / "mixed", [AttackSpec("band_noise", eps=[0.2], band="dropped")])
     with pytest.raises(ValueError, match="expected at least one checkpoint or module for variant 'bl'"):
         run({"bl": [], "fs": variants["fs"]}, tmp_path / "empty", [AttackSpec("pgd", eps=[0.1])])

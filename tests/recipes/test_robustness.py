@@ -452,15 +452,34 @@ def test_cli_replicates_and_a_model_band(
     tmp_path: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     limited, full = str(checkpoints["band-limited"]), str(checkpoints["full-spectrum"])
-    out = main([
-        "--models", json.dumps({"band-limited": [limited, limited], "full-spectrum": [full, full]}),
-        "--data", "SyntheticImageDataModule", "--data.test_size", "8", "--limit", "8",
-        "--attacks", "[{name: band_noise, eps: [0, 0.1], band: dropped}]",
-        "--output_dir", str(tmp_path / "out"), "--heat_map_limit", "2", "--progress", "false", "--strict", "false",
-    ])
+    out = main(
+        [
+            "--models",
+            json.dumps({"band-limited": [limited, limited], "full-spectrum": [full, full]}),
+            "--data",
+            "SyntheticImageDataModule",
+            "--data.test_size",
+            "8",
+            "--limit",
+            "8",
+            "--attacks",
+            "[{name: band_noise, eps: [0, 0.1], band: dropped}]",
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--heat_map_limit",
+            "2",
+            "--progress",
+            "false",
+            "--strict",
+            "false",
+        ]
+    )
     records = json.loads((out / "results.json").read_text())["records"]
     assert {(r["variant"], r["replicate"]) for r in records} == {
-        ("band-limited", 0), ("band-limited", 1), ("full-spectrum", 0), ("full-spectrum", 1)
+        ("band-limited", 0),
+        ("band-limited", 1),
+        ("full-spectrum", 0),
+        ("full-spectrum", 1),
     }
     assert {r["band_source"] for r in records} == {"band-limited"}
     assert (out / "heat_map_difference.png").is_file()

@@ -20,26 +20,59 @@ from lightning_bandlimit.recipes.study import (
 NOISE = "random noise"
 
 
-def record(variant: str, replicate: int, attack: str, eps: float, robust: int, *, clean: int = 90, **kw) -> RobustnessRecord:
+def record(
+    variant: str, replicate: int, attack: str, eps: float, robust: int, *, clean: int = 90, **kw
+) -> RobustnessRecord:
     return RobustnessRecord.fabricate(
-        f"{variant}#{replicate}", attack, eps, n=100, clean_correct=clean, robust_correct=robust,
-        variant=variant, replicate=replicate, **kw,
+        f"{variant}#{replicate}",
+        attack,
+        eps,
+        n=100,
+        clean_correct=clean,
+        robust_correct=robust,
+        variant=variant,
+        replicate=replicate,
+        **kw,
     )
 
 
 def dropped_noise(variant: str, replicate: int, eps: float, robust: int, **kw) -> RobustnessRecord:
-    return record(variant, replicate, "band_noise[dropped]", eps, robust, attack_name="band_noise", threat=NOISE,
-                  band_name="dropped", band_source="bl", **kw)
+    return record(
+        variant,
+        replicate,
+        "band_noise[dropped]",
+        eps,
+        robust,
+        attack_name="band_noise",
+        threat=NOISE,
+        band_name="dropped",
+        band_source="bl",
+        **kw,
+    )
 
 
 def test_threat_classes() -> None:
     assert threat_class(dropped_noise("bl", 0, 0.1, 80)) == "dropped-band noise"
-    pgd_kept = record("bl", 0, "band_pgd[kept]", 0.1, 80, attack_name="band_pgd", threat="band-restricted white-box",
-                      band_name="kept")
+    pgd_kept = record(
+        "bl",
+        0,
+        "band_pgd[kept]",
+        0.1,
+        80,
+        attack_name="band_pgd",
+        threat="band-restricted white-box",
+        band_name="kept",
+    )
     assert threat_class(pgd_kept) == "in-band adaptive"
-    assert threat_class(record("bl", 0, "gaussian_noise", 0.1, 80, attack_name="gaussian_noise", threat=NOISE,
-                               norm=None)) == "full-spectrum noise"
-    high = record("bl", 0, "band_noise[high]", 0.1, 80, attack_name="band_noise", threat=NOISE, band=[0.5, 1.0])
+    assert (
+        threat_class(
+            record("bl", 0, "gaussian_noise", 0.1, 80, attack_name="gaussian_noise", threat=NOISE, norm=None)
+        )
+        == "full-spectrum noise"
+    )
+    high = record(
+        "bl", 0, "band_noise[high]", 0.1, 80, attack_name="band_noise", threat=NOISE, band=[0.5, 1.0]
+    )
     assert threat_class(high) is None  # a radial band is not a class of the verdict
     assert threat_class(record("bl", 0, "pgd", 0.1, 80)) is None  # single attacks: the worst case speaks
     worst = WorstCaseRecord("bl#0", "full-spectrum white-box", "Linf", 0.1, None, ["pgd"], 100, 0.9, 50, 0.5)
@@ -78,7 +111,9 @@ def test_robustness_is_judged_by_the_loss_not_by_the_clean_gap() -> None:
 
 
 def test_unmatched_replicates_are_not_paired() -> None:
-    rows = [dropped_noise("bl", i, 0.2, 80) for i in (0, 1, 2)] + [dropped_noise("fs", i, 0.2, 50 + i) for i in (1, 2)]
+    rows = [dropped_noise("bl", i, 0.2, 80) for i in (0, 1, 2)] + [
+        dropped_noise("fs", i, 0.2, 50 + i) for i in (1, 2)
+    ]
     (pair,) = paired_differences(rows, "bl", "fs")
     assert pair.pairs == 2
 
@@ -118,8 +153,23 @@ def test_without_a_decisive_strength_the_largest_is_used_and_said() -> None:
 def test_an_interval_across_zero_is_no_resolved_difference() -> None:
     rows = []
     for i, (b, f) in enumerate(((30, 20), (20, 30), (26, 24))):
-        rows += [WorstCaseRecord(f"{v}#{i}", "full-spectrum white-box", "Linf", 0.03, None, ["pgd"], 100, 0.9, r, r / 100,
-                                 variant=v, replicate=i) for v, r in (("bl", b), ("fs", f))]
+        rows += [
+            WorstCaseRecord(
+                f"{v}#{i}",
+                "full-spectrum white-box",
+                "Linf",
+                0.03,
+                None,
+                ["pgd"],
+                100,
+                0.9,
+                r,
+                r / 100,
+                variant=v,
+                replicate=i,
+            )
+            for v, r in (("bl", b), ("fs", f))
+        ]
     (verdict,) = verdicts(rows, "bl", "fs")
     assert verdict.threat_class == "full-spectrum adaptive"
     assert verdict.better is None and "no resolved difference" in verdict.sentence()
@@ -131,4 +181,6 @@ def test_markdown_lists_the_classes_that_were_not_run() -> None:
     assert "## Verdict (computed from the tables above)" in text
     assert "* **dropped-band noise** (Linf):" in text
     assert "Not run, so no verdict: dropped-band adaptive, in-band noise" in text
-    assert "No verdict: it needs one band-limited and one full-spectrum variant" in study_markdown(rows, [], None, "fs")
+    assert "No verdict: it needs one band-limited and one full-spectrum variant" in study_markdown(
+        rows, [], None, "fs"
+    )

@@ -51,7 +51,9 @@ class Indexed(Dataset):
 class Times1000(ScalingRule):
     """A deliberately bad rule: LR x 1000 (x 1000 ** damping)."""
 
-    def adjust(self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation=None) -> TrainingConfig:  # type: ignore[no-untyped-def]
+    def adjust(
+        self, reference: TrainingConfig, world_size: int, damping: float = 1.0, accumulation=None
+    ) -> TrainingConfig:  # type: ignore[no-untyped-def]
         from dataclasses import replace
 
         return replace(reference, world_size=world_size, lr=reference.lr * 1000.0**damping)
@@ -79,13 +81,20 @@ class Model(pl.LightningModule):
         x, y, idx = batch
         group = self.trainer.optimizers[0].param_groups[0]
         strategy = self.trainer.strategy
-        self.trained.append({
-            "epoch": self.current_epoch, "step": self.global_step, "indices": idx.tolist(),
-            "lr": float(group["lr"]), "momentum": group.get("momentum"), "betas": group.get("betas"),
-            "samples_seen": strategy.samples_seen, "accumulation": self.trainer.accumulate_grad_batches,
-            "gain": strategy.gain,
-            "world_size": self.trainer.world_size,
-        })
+        self.trained.append(
+            {
+                "epoch": self.current_epoch,
+                "step": self.global_step,
+                "indices": idx.tolist(),
+                "lr": float(group["lr"]),
+                "momentum": group.get("momentum"),
+                "betas": group.get("betas"),
+                "samples_seen": strategy.samples_seen,
+                "accumulation": self.trainer.accumulate_grad_batches,
+                "gain": strategy.gain,
+                "world_size": self.trainer.world_size,
+            }
+        )
         loss = nn.functional.cross_entropy(self.net(x), y)
         self.trained[-1]["loss"] = float(loss)
         return loss
@@ -116,15 +125,22 @@ def main() -> None:
     model = Model(cfg.get("optimizer", "sgd"), total=3 * dataset, hidden=cfg.get("hidden", 4))
     guard = StabilityGuard(window=6, patience=2, tolerance=1.5) if cfg.get("guard", True) else False
     callbacks: list[pl.Callback] = [
-        ElasticCheckpoint(dirpath=out / "ckpt", every_n_train_steps=cfg.get("every", 4), save_top_k=-1, filename="{step}")
+        ElasticCheckpoint(
+            dirpath=out / "ckpt", every_n_train_steps=cfg.get("every", 4), save_top_k=-1, filename="{step}"
+        )
     ]
     if "sigterm_at" in cfg:
         callbacks.append(SigtermAt(cfg["sigterm_at"]))
     trainer = pl.Trainer(
-        accelerator="cpu", devices=cfg["devices"],
+        accelerator="cpu",
+        devices=cfg["devices"],
         strategy=ElasticDDPStrategy(rule=RULES[cfg.get("rule", "linear")](), guard=guard),
-        max_steps=cfg["max_steps"], accumulate_grad_batches=cfg.get("accumulation", 1),
-        logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks,
+        max_steps=cfg["max_steps"],
+        accumulate_grad_batches=cfg.get("accumulation", 1),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
     )
     loader = DataLoader(Indexed(dataset), batch_size=cfg.get("batch", 8), shuffle=True)
     try:
@@ -132,11 +148,14 @@ def main() -> None:
     finally:
         strategy = trainer.strategy
         record = {
-            "trained": model.trained, "resized_from": strategy.resized_from,
-            "rollbacks": strategy.rollbacks, "threads": torch.get_num_threads(),
+            "trained": model.trained,
+            "resized_from": strategy.resized_from,
+            "rollbacks": strategy.rollbacks,
+            "threads": torch.get_num_threads(),
             "reference": None if strategy.reference is None else strategy.reference.__dict__,
             "applied": None if strategy.applied is None else strategy.applied.__dict__,
-            "global_step": trainer.global_step, "noise": strategy._noise,
+            "global_step": trainer.global_step,
+            "noise": strategy._noise,
             "progress": [c.scheduler.progress for c in trainer.lr_scheduler_configs],
         }
         (out / f"{cfg['tag']}-rank{trainer.global_rank}.json").write_text(json.dumps(record))

@@ -22,11 +22,18 @@ DATASET, BATCH, BASE_LR = 96, 8, 0.1
 TOTAL = 3 * DATASET
 
 
-def _launch(out: Path, tag: str, devices: int, max_steps: int, expect_ok: bool = True, **cfg: object) -> subprocess.CompletedProcess:
+def _launch(
+    out: Path, tag: str, devices: int, max_steps: int, expect_ok: bool = True, **cfg: object
+) -> subprocess.CompletedProcess:
     config = {"devices": devices, "max_steps": max_steps, "out": str(out), "tag": tag, **cfg}
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), json.dumps(config)], cwd=out, capture_output=True, text=True, timeout=240, env=env
+        [sys.executable, str(SCRIPT), json.dumps(config)],
+        cwd=out,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
     )
     if expect_ok:
         assert proc.returncode == 0, proc.stderr[-4000:]
@@ -46,7 +53,9 @@ def _check_curve(steps: list[dict], scale_of_world: dict[int, float]) -> None:
     """LR = reference LR x rule factor x cosine(samples seen before the step)."""
     for t in steps:
         seen_before = t["samples_seen"] - t["world_size"] * BATCH
-        expected = BASE_LR * scale_of_world[t["world_size"]] * lr_multiplier(seen_before, TOTAL, min_lr_ratio=0.1)
+        expected = (
+            BASE_LR * scale_of_world[t["world_size"]] * lr_multiplier(seen_before, TOTAL, min_lr_ratio=0.1)
+        )
         assert t["lr"] == pytest.approx(expected, rel=1e-6), t
 
 
@@ -56,7 +65,9 @@ def test_resize_2_to_1_to_2_exactly_once_on_the_curve(tmp_path: Path) -> None:
     _launch(tmp_path, "b", devices=1, max_steps=14, resume="last")  # rest of epoch 0, 6 steps of epoch 1
     (tmp_path / "ckpt" / "last.ckpt").rename(tmp_path / "ckpt" / "step12.ckpt")
     _launch(tmp_path, "c", devices=2, max_steps=18, resume=str(tmp_path / "ckpt" / "step12.ckpt"))
-    _launch(tmp_path, "d", devices=2, max_steps=12, resume=str(tmp_path / "ckpt" / "step=8.ckpt"))  # at an epoch end
+    _launch(
+        tmp_path, "d", devices=2, max_steps=12, resume=str(tmp_path / "ckpt" / "step=8.ckpt")
+    )  # at an epoch end
     a, b, c, d = (_ranks(tmp_path, tag) for tag in "abcd")
     assert [len(x) for x in (a, b, c, d)] == [2, 1, 2, 2]
 

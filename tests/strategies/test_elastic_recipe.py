@@ -12,10 +12,30 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _fit(run: Path, devices: int, max_steps: int) -> str:
     args = [
-        sys.executable, "-m", "lightning_bandlimit", "fit", "--config", "elastic",
-        "--trainer.default_root_dir", str(run), "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
-        "--trainer.devices", str(devices), "--trainer.max_steps", str(max_steps), "--trainer.accelerator", "cpu",
-        "--trainer.callbacks.every_n_train_steps", "4", "--data.train_size", "256", "--data.val_size", "32",
+        sys.executable,
+        "-m",
+        "lightning_bandlimit",
+        "fit",
+        "--config",
+        "elastic",
+        "--trainer.default_root_dir",
+        str(run),
+        "--trainer.logger",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.devices",
+        str(devices),
+        "--trainer.max_steps",
+        str(max_steps),
+        "--trainer.accelerator",
+        "cpu",
+        "--trainer.callbacks.every_n_train_steps",
+        "4",
+        "--data.train_size",
+        "256",
+        "--data.val_size",
+        "32",
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(args, cwd=run.parent, capture_output=True, text=True, timeout=300, env=env)

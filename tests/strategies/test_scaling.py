@@ -121,7 +121,9 @@ def test_noise_statistics_are_unbiased_on_synthetic_gradients() -> None:
     locals_ = mean + torch.randn(trials, ranks, dim, generator=g) * noise_std / math.sqrt(b)
     local_sq = (locals_**2).sum(-1).mean(1)
     global_sq = (locals_.mean(1) ** 2).sum(-1)
-    sigma2, mu2 = zip(*(gradient_noise_statistics(float(l), float(gl), ranks) for l, gl in zip(local_sq, global_sq)))
+    sigma2, mu2 = zip(
+        *(gradient_noise_statistics(float(l), float(gl), ranks) for l, gl in zip(local_sq, global_sq))
+    )
     assert sum(mu2) / trials == pytest.approx(float((mean**2).sum()), rel=0.05)
     assert sum(sigma2) / trials == pytest.approx(dim * noise_std**2 / b, rel=0.05)
     with pytest.raises(ValueError, match="at least 2"):
@@ -139,7 +141,9 @@ def test_adascale_gain_bounds_and_monotonicity() -> None:
 def test_launch_accumulation_is_part_of_the_scale(rule) -> None:  # type: ignore[no-untyped-def]
     by_devices = rule.adjust(SGD, 4)  # k = 2 from two more processes
     by_accumulation = rule.adjust(SGD, 2, accumulation=2)  # k = 2 simulated with accumulation
-    assert by_accumulation.lr == pytest.approx(by_devices.lr) and by_accumulation.momentum == pytest.approx(by_devices.momentum)
+    assert by_accumulation.lr == pytest.approx(by_devices.lr) and by_accumulation.momentum == pytest.approx(
+        by_devices.momentum
+    )
     assert by_accumulation.accumulation == 2 and by_accumulation.global_batch == by_devices.global_batch
 
 
@@ -150,7 +154,12 @@ def test_keep_global_batch_ignores_the_launch_accumulation() -> None:
 @pytest.mark.parametrize("rule", [NoScaling(), AdaScale()])
 def test_rules_that_keep_the_hyperparameters(rule) -> None:  # type: ignore[no-untyped-def]
     new = rule.adjust(SGD, 8)
-    assert (new.lr, new.momentum, new.world_size, new.global_batch) == (SGD.lr, SGD.momentum, 8, 4 * SGD.global_batch)
+    assert (new.lr, new.momentum, new.world_size, new.global_batch) == (
+        SGD.lr,
+        SGD.momentum,
+        8,
+        4 * SGD.global_batch,
+    )
 
 
 def test_adascale_gain_below_scale_one() -> None:

@@ -62,8 +62,15 @@ def test_damping_schedule_and_state_round_trip() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"window": 0}, {"patience": 0}, {"window": 2, "patience": 3}, {"tolerance": 1.0}, {"spread": -1.0},
-     {"max_retries": -1}, {"damping_factor": 1.0}],
+    [
+        {"window": 0},
+        {"patience": 0},
+        {"window": 2, "patience": 3},
+        {"tolerance": 1.0},
+        {"spread": -1.0},
+        {"max_retries": -1},
+        {"damping_factor": 1.0},
+    ],
 )
 def test_argument_checks(kwargs: dict) -> None:
     with pytest.raises(ValueError, match="expected"):

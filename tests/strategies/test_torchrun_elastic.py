@@ -32,13 +32,31 @@ def _agent(out: Path, port: int, name: str) -> subprocess.Popen:
     torchrun = Path(sys.executable).with_name("torchrun")
     # torch 2.x bug: with the shared TCP store, an agent that joins later waits forever for the
     # new round's MASTER_ADDR (rank 0 reuses its cached store info); opt out of the sharing.
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+    }
     log = open(out / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(
-        [str(torchrun), "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-         f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic-test", "--max-restarts=3",
-         "--monitor-interval=1", str(WORKER), str(out), str(MAX_STEPS)],
-        cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            str(torchrun),
+            "--nnodes=1:2",
+            "--nproc-per-node=1",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-id=elastic-test",
+            "--max-restarts=3",
+            "--monitor-interval=1",
+            str(WORKER),
+            str(out),
+            str(MAX_STEPS),
+        ],
+        cwd=out,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
@@ -72,14 +90,26 @@ def test_torchrun_agents_join_and_leave(tmp_path: Path) -> None:
     agents = [first]
     progress = tmp_path / "progress-rank0.json"
     try:
-        _wait(lambda: (p := _read(progress)) is not None and p["step"] >= 8, 180, "the first agent to train", agents, tmp_path)
+        _wait(
+            lambda: (p := _read(progress)) is not None and p["step"] >= 8,
+            180,
+            "the first agent to train",
+            agents,
+            tmp_path,
+        )
         second = _agent(tmp_path, port, "second")
         agents.append(second)
 
         def training_on_two() -> bool:
             launches = _launches(tmp_path)
             p = _read(progress)
-            return bool(launches) and launches[-1]["world_size"] == 2 and p is not None and p["world_size"] == 2 and p["step"] >= launches[-1]["step"] + 8
+            return (
+                bool(launches)
+                and launches[-1]["world_size"] == 2
+                and p is not None
+                and p["world_size"] == 2
+                and p["step"] >= launches[-1]["step"] + 8
+            )
 
         _wait(training_on_two, 240, "training on two processes", agents, tmp_path)
         # the second node is pre-empted: its agent and its worker (torchrun starts workers in

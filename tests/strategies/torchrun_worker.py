@@ -50,10 +50,17 @@ class Report(pl.Callback):
             return
         self.started = True
         strategy = trainer.strategy
-        _write(self.out / f"launch-{time.time_ns()}-rank{trainer.global_rank}.json", {
-            "world_size": trainer.world_size, "resized_from": strategy.resized_from, "step": trainer.global_step,
-            "lr": trainer.optimizers[0].param_groups[0]["lr"], "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT"), "pid": os.getpid(),
-        })
+        _write(
+            self.out / f"launch-{time.time_ns()}-rank{trainer.global_rank}.json",
+            {
+                "world_size": trainer.world_size,
+                "resized_from": strategy.resized_from,
+                "step": trainer.global_step,
+                "lr": trainer.optimizers[0].param_groups[0]["lr"],
+                "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT"),
+                "pid": os.getpid(),
+            },
+        )
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
         _write(
@@ -67,9 +74,17 @@ if __name__ == "__main__":
     pl.seed_everything(0)
     data = TensorDataset(torch.randn(4096, 8), torch.randint(0, 2, (4096,)))
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, strategy=ElasticDDPStrategy(rule=LinearScaling(warmup_steps=0)),
-        max_steps=max_steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        strategy=ElasticDDPStrategy(rule=LinearScaling(warmup_steps=0)),
+        max_steps=max_steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[ElasticCheckpoint(dirpath=out / "ckpt", every_n_train_steps=5), Report(out)],
     )
     trainer.fit(Tiny(), DataLoader(data, batch_size=8, shuffle=True), ckpt_path="last")
-    _write(out / f"done-rank{trainer.global_rank}.json", {"step": trainer.global_step, "world_size": trainer.world_size})
+    _write(
+        out / f"done-rank{trainer.global_rank}.json",
+        {"step": trainer.global_step, "world_size": trainer.world_size},
+    )
