@@ -150,12 +150,14 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))
     print(
-        f"median step {step_ms:.1f} ms (BandLimit) vs {statistics.median(adaptive_medians):.1f} ms (AdaptiveBandLimit)"
+        f"median step {step_ms:.1f} ms (BandLimit) vs {statistics.median(adaptive_medians):.1f} ms "
+        "(AdaptiveBandLimit)"
     )
     print(f"hook time            {hooks * 100:6.3f} % of a step")
     print(f"meter (every {every:>2} st.) {meter * 100:6.3f} % of a step ({meter_ms:.2f} ms per check)")
     print(
-        f"{verdict}  overhead {100 * (hooks + meter):.3f} % <= 1 %   (end to end, noisy: {100 * end_to_end:+.1f} %)"
+        f"{verdict}  overhead {100 * (hooks + meter):.3f} % <= 1 %   (end to end, noisy: "
+        f"{100 * end_to_end:+.1f} %)"
     )
     print(f"wrote {args.output}")
 

@@ -21,7 +21,8 @@ change within 1 point of the fully re-estimated model. ``ImageClassifier`` (defa
   (what ``recalibrate_bn=8`` does before that validation: same weights, same batches), and full.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bn_recalibration.py    # about 8 minutes on 2 cores
-    PYTHONPATH=. .venv/bin/python benchmarks/bn_recalibration.py --seeds 0 --parts switch --epochs 2  # smoke run
+    # a smoke run:
+    PYTHONPATH=. .venv/bin/python benchmarks/bn_recalibration.py --seeds 0 --parts switch --epochs 2
 """
 
 from __future__ import annotations
@@ -202,9 +203,12 @@ def pm(values: list[float]) -> str:
 
 def switch_table(rows: list[dict[str, Any]], args: argparse.Namespace, summary: dict[str, Any]) -> list[str]:
     lines = [
-        f"\n## Switch: c 0 -> {HIGH_C} at step {rows[0]['changes'][0][0]}, released to {rows[0]['final_compression']:g} "
-        f"{args.settle} steps before the end ({rows[0]['steps']} steps); gap = full re-estimate - Trainer val/acc",
-        "| recalibrate_bn | seed | val/acc (Trainer) | full re-estimate | gap (pts) | same weights | BN recal s (n) / fit s (%) | 1 recal in steps |",
+        f"\n## Switch: c 0 -> {HIGH_C} at step {rows[0]['changes'][0][0]}, released to "
+        f"{rows[0]['final_compression']:g} "
+        f"{args.settle} steps before the end ({rows[0]['steps']} steps); gap = full re-estimate - Trainer "
+        "val/acc",
+        "| recalibrate_bn | seed | val/acc (Trainer) | full re-estimate | gap (pts) | same weights | BN "
+        "recal s (n) / fit s (%) | 1 recal in steps |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for recal in args.variants:
@@ -212,8 +216,10 @@ def switch_table(rows: list[dict[str, Any]], args: argparse.Namespace, summary: 
         for r in group:
             same = r["weights"] == next(s["weights"] for s in rows if s["seed"] == r["seed"])
             lines.append(
-                f"| {recal} | {r['seed']} | {r['trainer_acc']:.2f} | {r['full_acc']:.2f} | {r['gap']:+.2f} | {'yes' if same else 'NO'} "
-                f"| {r['bn_recalibration_s']:.2f} ({r['bn_recalibrations']}) / {r['fit_s']:.1f} ({r['bn_cost_pct']:.1f} %) | {r['recal_cost_steps']:.2f} |"
+                f"| {recal} | {r['seed']} | {r['trainer_acc']:.2f} | {r['full_acc']:.2f} | {r['gap']:+.2f} | "
+                f"{'yes' if same else 'NO'} "
+                f"| {r['bn_recalibration_s']:.2f} ({r['bn_recalibrations']}) / {r['fit_s']:.1f} "
+                f"({r['bn_cost_pct']:.1f} %) | {r['recal_cost_steps']:.2f} |"
             )
         ok, cost = all(abs(r["gap"]) <= 1.0 for r in group), statistics.mean(r["bn_cost_pct"] for r in group)
         not_worse = all(
@@ -231,8 +237,10 @@ def switch_table(rows: list[dict[str, Any]], args: argparse.Namespace, summary: 
             f"\\|gap\\|<=1: {'PASS' if ok else 'MISS'}; gap<=1: {'PASS' if not_worse else 'MISS'} |"
         )
     lines += [
-        f"Noise floor, seed {r['seed']}: acc after re-estimates over disjoint {r['recalibrate_bn']}-batch windows: "
-        f"{' '.join(f'{a:.1f}' for a in r['window_accs'])} (std {sd(r['window_accs']):.2f}; full {r['full_acc']:.1f})"
+        f"Noise floor, seed {r['seed']}: acc after re-estimates over disjoint {r['recalibrate_bn']}-batch "
+        "windows: "
+        f"{' '.join(f'{a:.1f}' for a in r['window_accs'])} (std {sd(r['window_accs']):.2f}; full "
+        f"{r['full_acc']:.1f})"
         for r in rows
         if "window_accs" in r
     ]
@@ -252,7 +260,8 @@ def drift_table(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[str
     for setting in ("plain", "c=0.5"):
         group = [r for r in rows if r["variant"] == setting]
         lines += [
-            f"| {setting} | {r['seed']} | {r['trainer_acc']:.2f} | {r['last8_acc']:.2f} | {r['full_acc']:.2f} | "
+            f"| {setting} | {r['seed']} | {r['trainer_acc']:.2f} | {r['last8_acc']:.2f} | "
+            f"{r['full_acc']:.2f} | "
             f"{r['gap_stale']:+.2f} | {r['gap_last8']:+.2f} |"
             for r in group
         ]
@@ -299,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  switch seed {seed} recalibrate_bn={recal}", file=sys.stderr, flush=True)
                 switch.append(row := switch_run(seed, recal, args))
                 print(
-                    f"    changes (step, c): {row['changes']}; acc {row['trainer_acc']:.1f}, full {row['full_acc']:.1f}",
+                    f"    changes (step, c): {row['changes']}; acc {row['trainer_acc']:.1f}, full "
+                    f"{row['full_acc']:.1f}",
                     file=sys.stderr,
                 )
         lines += switch_table(switch, args, summary)

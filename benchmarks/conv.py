@@ -557,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
 
     print(
-        f"torch {torch.__version__} | {args.device}: {device_name(device)} | threads {torch.get_num_threads()} | "
+        f"torch {torch.__version__} | {args.device}: {device_name(device)} | threads "
+        f"{torch.get_num_threads()} | "
         f"batch {args.batch} | warm-up {args.warmup} | repeats {args.repeats} | "
         f"c in {' '.join(f'{c:g}' for c in args.compressions)}",
         flush=True,
@@ -602,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if worst:
         print(
-            f"\nSanity: max relative output error at c=0 vs {REFERENCE}: {max(c.max_rel_err for c in worst):.2e}"
+            f"\nSanity: max relative output error at c=0 vs {REFERENCE}: "
+            f"{max(c.max_rel_err for c in worst):.2e}"
         )
 
     payload: dict[str, Any] = {
@@ -630,8 +632,10 @@ def main(argv: list[str] | None = None) -> int:
             "elapsed_s": elapsed,
             "other_cpu_busy_before": busy_before,
             "other_cpu_busy_during": busy_during,
-            "timing": "median over repeats of perf_counter(forward + backward(grad)), candidates interleaved per round",
-            "bytes": "unique storages packed by saved_tensors_hooks in one forward, parameter storages excluded",
+            "timing": "median over repeats of perf_counter(forward + backward(grad)), candidates interleaved "
+            "per round",
+            "bytes": "unique storages packed by saved_tensors_hooks in one forward, parameter storages "
+            "excluded",
         },
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)

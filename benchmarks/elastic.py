@@ -67,7 +67,8 @@ difference to the fixed run of the same seed, mean +- std, against the band 0 +-
 
 Run from the repository root::
 
-    PYTHONPATH=. .venv/bin/python benchmarks/elastic.py            # full run (3 seeds, ~20 min on 2 busy cores)
+    # full run (3 seeds, ~20 min on 2 busy cores):
+    PYTHONPATH=. .venv/bin/python benchmarks/elastic.py
     PYTHONPATH=. .venv/bin/python benchmarks/elastic.py --quick    # smoke run, ~1 minute
     PYTHONPATH=. .venv/bin/python benchmarks/elastic.py --seeds 0 --rules none linear --optimizers sgd
 """
@@ -366,7 +367,8 @@ class Bench:
         record, wall = launch(cfg, log, self.snapshot)
         if record["library"] != self.library:
             raise RuntimeError(
-                f"a launch ran other library sources ({record['library_path']}, fingerprint {record['library']}) "
+                f"a launch ran other library sources ({record['library_path']}, fingerprint "
+                f"{record['library']}) "
                 f"than the snapshot ({self.library})"
             )
         return record, wall
@@ -521,8 +523,10 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             "-" if r["schedule"] == "fixed" else f"{r['paired_diff_mean']:+.2f} +- {r['paired_diff_std']:.2f}"
         )
         lines.append(
-            f"{r['optimizer']:<6} {r['schedule']:<7} {r['rule']:<17} {r['acc_mean']:>14.2f} +- {r['acc_std']:<5.2f} "
-            f"{diff:>8} {paired:>14} {within:>5} {r['wall_s_mean']:>7.1f} {r['fit_s_mean']:>6.1f} {r['rollbacks']:>5}"
+            f"{r['optimizer']:<6} {r['schedule']:<7} {r['rule']:<17} {r['acc_mean']:>14.2f} +- "
+            f"{r['acc_std']:<5.2f} "
+            f"{diff:>8} {paired:>14} {within:>5} {r['wall_s_mean']:>7.1f} {r['fit_s_mean']:>6.1f} "
+            f"{r['rollbacks']:>5}"
         )
     return "\n".join(lines)
 
@@ -739,7 +743,8 @@ def main(argv: list[str] | None = None) -> None:
                 result = bench.run(optimizer, schedule, rule, seed)
                 results.append(result)
                 print(
-                    f"  {optimizer:<6} {schedule:<7} {rule:<17} seed {seed}: val acc {100 * result['val_acc']:6.2f} %  "
+                    f"  {optimizer:<6} {schedule:<7} {rule:<17} seed {seed}: val acc "
+                    f"{100 * result['val_acc']:6.2f} %  "
                     f"wall {result['wall_s']:6.1f} s  rollbacks {result['rollbacks']}  "
                     f"[{time.perf_counter() - started:6.0f} s elapsed]",
                     flush=True,

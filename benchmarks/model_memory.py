@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{cfg['size']}x{cfg['size']}), path: {path}, device: {args.device}"
             )
             lines.append(
-                f"{'setting':<8} {'saved MiB':>10} {'ratio':>6} {'target':>7}   {'peak MiB':>9} {'ratio':>6} {'target':>7}"
+                f"{'setting':<8} {'saved MiB':>10} {'ratio':>6} {'target':>7}   {'peak MiB':>9} {'ratio':>6} "
+                f"{'target':>7}"
             )
             for row in rows:
                 target = TARGETS.get(row["compression"]) if row["compression"] is not None else None
@@ -261,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                 ts = "" if target is None else f"<={target[0]:.2f} {_verdict(ok_s)}"
                 tp = "" if target is None else f"<={target[1]:.2f} {_verdict(ok_p)}"
                 lines.append(
-                    f"{_label(row['compression']):<8} {row['saved_bytes'] / 2**20:>10.1f} {row['saved_ratio']:>6.3f} {ts:>12}"
+                    f"{_label(row['compression']):<8} {row['saved_bytes'] / 2**20:>10.1f} "
+                    f"{row['saved_ratio']:>6.3f} {ts:>12}"
                     f"   {row['step_peak_bytes'] / 2**20:>9.1f} {row['peak_ratio']:>6.3f} {tp:>12}"
                 )
             lines.append(

@@ -142,8 +142,10 @@ def main() -> None:
             )
             rows.append(row)
             print(
-                f"seed {seed} {name:<22} acc {result.val_accuracy:.3f}  over budget {row['over_budget_steps']:>3}/{row['steps']}"
-                f"  peak {result.peak_job_bytes / MIB:.0f} MiB  step {result.step_ms:.0f} ms  c {result.final_compression:.2f}",
+                f"seed {seed} {name:<22} acc {result.val_accuracy:.3f}  over budget "
+                f"{row['over_budget_steps']:>3}/{row['steps']}"
+                f"  peak {result.peak_job_bytes / MIB:.0f} MiB  step {result.step_ms:.0f} ms  c "
+                f"{result.final_compression:.2f}",
                 flush=True,
             )
         if not first:
@@ -153,7 +155,8 @@ def main() -> None:
     plain_acc = {r["seed"]: r["val_accuracy"] for r in rows if r["setting"] == "plain"}
     summary = []
     print(
-        f"\n{'setting':<22} {'val acc (mean +- std)':>22} {'acc - plain':>16} {'over-budget steps':>17} {'peak MiB':>9} {'step ms':>8}"
+        f"\n{'setting':<22} {'val acc (mean +- std)':>22} {'acc - plain':>16} {'over-budget steps':>17} "
+        f"{'peak MiB':>9} {'step ms':>8}"
     )
     for name in settings:
         group = [r for r in rows if r["setting"] == name]
@@ -170,7 +173,8 @@ def main() -> None:
         summary.append(entry)
         print(
             f"{name:<22} {_mean_std(entry['val_accuracy']):>22} {_mean_std(diffs):>16} "
-            f"{'/'.join(map(str, entry['over_budget_steps'])):>17} {statistics.mean(entry['peak_mib']):>9.0f} "
+            f"{'/'.join(map(str, entry['over_budget_steps'])):>17} "
+            f"{statistics.mean(entry['peak_mib']):>9.0f} "
             f"{statistics.mean(entry['step_ms']):>8.0f}"
         )
     adaptive_entry = next(e for e in summary if e["setting"].startswith("adaptive"))

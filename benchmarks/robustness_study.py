@@ -213,7 +213,8 @@ def main() -> None:
     print(f"\ntarget (issue 13), computed from {report_dir / 'results.json'}:")
     for d in target["dropped_band"]:
         print(
-            f"  {d['attack']} eps {d['eps']:.4g}: full-spectrum lost {100 * d['full_loss']:.1f} points, band-limited "
+            f"  {d['attack']} eps {d['eps']:.4g}: full-spectrum lost {100 * d['full_loss']:.1f} points, "
+            "band-limited "
             f"{100 * d['limited_loss']:.1f} (95 % upper {100 * d['limited_loss_upper95']:.1f}) -> "
             f"{'MET' if d['met'] else 'MISSED'}"
         )
@@ -224,7 +225,11 @@ def main() -> None:
     for key, loss in target["noise_sweeps_full_loss"].items():
         print(
             f"  sweep {key}: the full-spectrum model lost up to {100 * loss:.1f} points"
-            f"{'' if loss >= 0.30 else ' (below 30: the sweep does not reach the strength the issue asks for)'}"
+            + (
+                ""
+                if loss >= 0.30
+                else " (below 30: the sweep does not reach the strength the issue asks for)"
+            )
         )
     for p in target["full_spectrum_adaptive"]:
         loss = (
@@ -239,12 +244,15 @@ def main() -> None:
         )
         print(
             f"  {p['attack']} eps {p['eps']:.4g}: band-limited {loss} ({100 * p['loss_mean']:+.1f} +- "
-            f"{100 * p['loss_half_width']:.1f}), {ends} ({100 * p['mean']:+.1f} +- {100 * p['half_width']:.1f})"
+            f"{100 * p['loss_half_width']:.1f}), {ends} ({100 * p['mean']:+.1f} +- "
+            f"{100 * p['half_width']:.1f})"
         )
     print(
         f"  full-spectrum adaptive attacks, robustness advantage of the band-limited model: "
-        f"{'none' if target['no_full_spectrum_advantage'] else 'YES by the loss'} (a smaller loss whose 95 % interval "
-        f"excludes 0); {'none' if not target['full_spectrum_accuracy_advantage'] else 'YES'} by accuracy under attack"
+        f"{'none' if target['no_full_spectrum_advantage'] else 'YES by the loss'} (a smaller loss whose 95 % "
+        "interval "
+        f"excludes 0); {'none' if not target['full_spectrum_accuracy_advantage'] else 'YES'} by accuracy "
+        "under attack"
     )
     args.output.mkdir(parents=True, exist_ok=True)
     for source, suffix in (

@@ -74,8 +74,10 @@ def _table(rows: list[tuple[str, JobResult]], budget: int) -> str:
             else f"{r.final_compression:.2f}"
         )
         lines.append(
-            f"{variant:<14} {r.val_accuracy:>7.3f} {span:>15} {r.compression_changes:>7} {r.peak_job_bytes / MIB:>8.0f} "
-            f"{r.step_increment_bytes / MIB:>9.1f} {over_budget(r, budget):>5}/{len(r.timeline):<5} {r.step_ms:>7.0f} "
+            f"{variant:<14} {r.val_accuracy:>7.3f} {span:>15} {r.compression_changes:>7} "
+            f"{r.peak_job_bytes / MIB:>8.0f} "
+            f"{r.step_increment_bytes / MIB:>9.1f} {over_budget(r, budget):>5}/{len(r.timeline):<5} "
+            f"{r.step_ms:>7.0f} "
             f"{r.bn_recalibration_seconds:>5.1f} {r.wall_s:>6.0f}"
         )
     return "\n".join(lines)
@@ -131,7 +133,8 @@ def main(
     started = time.perf_counter()
 
     print(
-        f"[main] 1/2 full-spectrum job (plain nn.Conv2d) beside a co-tenant growing {cotenant_low_mib:.0f} -> "
+        f"[main] 1/2 full-spectrum job (plain nn.Conv2d) beside a co-tenant growing {cotenant_low_mib:.0f} "
+        "-> "
         f"{cotenant_high_mib:.0f} MiB; log: {run_dir / 'full-spectrum' / 'job.log'}",
         flush=True,
     )
@@ -206,20 +209,27 @@ def main(
     print(_table(rows, budget))
     share = adaptive.bn_recalibration_seconds / adaptive.wall_s if adaptive.wall_s else float("nan")
     print(
-        f"\nbudget {budget / MIB:.0f} MiB shared with a co-tenant process ({cotenant_low_mib:.0f} -> {cotenant_high_mib:.0f} MiB "
+        f"\nbudget {budget / MIB:.0f} MiB shared with a co-tenant process ({cotenant_low_mib:.0f} -> "
+        f"{cotenant_high_mib:.0f} MiB "
         "and back). peak MiB: the job's largest resident set in a training step (measured in /proc);\n"
         "step +MiB: median growth of the resident set within a step; over budget: steps whose peak plus the\n"
-        "co-tenant's memory exceeded the budget (on a GPU, an out-of-memory error); BN s: BatchNorm re-estimation\n"
-        f"time ({100 * share:.1f} % of the band-limited job's wall time). Both jobs run with {HOST_ALLOCATOR_ENV} so\n"
+        "co-tenant's memory exceeded the budget (on a GPU, an out-of-memory error); BN s: BatchNorm "
+        "re-estimation\n"
+        f"time ({100 * share:.1f} % of the band-limited job's wall time). Both jobs run with "
+        f"{HOST_ALLOCATOR_ENV} so\n"
         "that freed tensors leave the resident set; with glibc's default heap it keeps its high-water mark.\n"
-        "One seed (the recipe's seed_everything): accuracies move by several points between seeds on this budget;\n"
-        "python benchmarks/multitenant.py gives 3 seeds per setting with mean +- std. What it cannot show: a GPU's\n"
+        "One seed (the recipe's seed_everything): accuracies move by several points between seeds on this "
+        "budget;\n"
+        "python benchmarks/multitenant.py gives 3 seeds per setting with mean +- std. What it cannot show: a "
+        "GPU's\n"
         "allocator (no GPU here), or a co-tenant that grows faster than one check (one step)."
     )
     plain_over, adaptive_over = over_budget(plain, budget), over_budget(adaptive, budget)
     print(
-        f"verdict: the plain job overdrew the budget at {plain_over} of {len(plain.timeline)} steps, the memory-aware "
-        f"job at {adaptive_over}; it ended {100 * (adaptive.val_accuracy - plain.val_accuracy):+.1f} accuracy points "
+        f"verdict: the plain job overdrew the budget at {plain_over} of {len(plain.timeline)} steps, the "
+        "memory-aware "
+        f"job at {adaptive_over}; it ended {100 * (adaptive.val_accuracy - plain.val_accuracy):+.1f} "
+        "accuracy points "
         f"from the plain job (this seed)."
     )
     print(
@@ -242,7 +252,8 @@ def main(
             ]
         )
         print(
-            f"robustness wall time {time.perf_counter() - started:.0f} s; report: {run_dir / 'robustness' / 'summary.md'}"
+            f"robustness wall time {time.perf_counter() - started:.0f} s; report: "
+            f"{run_dir / 'robustness' / 'summary.md'}"
         )
     return run_dir
 

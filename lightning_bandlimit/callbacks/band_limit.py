@@ -55,9 +55,10 @@ class BandLimit(Callback):
         recalibrate_bn: BatchNorm follows the compression: before every validation during
             ``fit``, and at the end of an epoch or of training when the compression changed
             since, the running statistics of the model's BatchNorm layers are re-estimated over
-            the last ``recalibrate_bn`` training batches (:func:`~lightning_bandlimit.batchnorm.recalibrate_batchnorm`:
-            forward passes in train mode without gradients, the random state untouched; under
-            DDP the ranks' estimates are averaged). The running averages otherwise describe the
+            the last ``recalibrate_bn`` training batches
+            (:func:`~lightning_bandlimit.batchnorm.recalibrate_batchnorm`: forward passes in train
+            mode without gradients, the random state untouched; under DDP the ranks' estimates are
+            averaged). The running averages otherwise describe the
             old compression, and at a fixed compression they lag behind the weights. Training
             itself normalises with batch statistics, so the re-estimate waits until the running
             ones are used (a checkpoint saved mid-epoch after a change still holds the old

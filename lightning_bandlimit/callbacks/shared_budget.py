@@ -31,8 +31,8 @@ class SharedBudget(Callback):
     :class:`~lightning_bandlimit.memory.CoTenant`; before every training step the co-tenant
     moves to ``trace(step / total steps)`` and the job's resident high-water mark is reset, after
     it the job's peak resident set during the step is read (``/proc``: measured, not modelled).
-    Each step is kept in :attr:`timeline` (job peak bytes, job bytes at the step's start, co-tenant bytes, compression of any
-    :class:`BandLimit` callback, whether the two overdrew ``budget``) and logged as
+    Each step is kept in :attr:`timeline` (job peak bytes, job bytes at the step's start, co-tenant
+    bytes, compression of any :class:`BandLimit` callback, whether the two overdrew ``budget``) and logged as
     ``SharedBudget/job_bytes``, ``.../cotenant_bytes`` and ``.../over_budget``.
 
     :attr:`probe` (``None`` without a budget) reads the budget's free memory for an
@@ -102,7 +102,8 @@ class SharedBudget(Callback):
         adaptive = [i for i, cb in enumerate(trainer.callbacks) if isinstance(cb, AdaptiveBandLimit)]
         if adaptive and adaptive[0] < trainer.callbacks.index(self):
             raise ValueError(
-                "put SharedBudget before AdaptiveBandLimit in the callbacks, so each step is measured before the check"
+                "put SharedBudget before AdaptiveBandLimit in the callbacks, so each step is measured before "
+                "the check"
             )
         self._total_steps = max(1, int(trainer.estimated_stepping_batches))
         self._peak_resets = reset_peak_resident()

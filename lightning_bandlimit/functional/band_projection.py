@@ -141,7 +141,8 @@ def projection_plan(
 
     Example:
         >>> from lightning_bandlimit.functional.geometry import resolve_geometry
-        >>> g = resolve_geometry(torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 3, 3), None, 1, 1, 1, 1, "zeros", 2)
+        >>> x, w = torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 3, 3)
+        >>> g = resolve_geometry(x, w, None, 1, 1, 1, 1, "zeros", 2)
         >>> plan = projection_plan(g, 0.5, torch.float64, torch.device("cpu"))
         >>> plan.coefficients, tuple(plan.synthesis_h.shape)
         ((7, 7), (10, 7))

@@ -157,7 +157,8 @@ def dft_plan(geometry: ConvGeometry, compression: float, dtype: torch.dtype, dev
 
     Example:
         >>> from lightning_bandlimit.functional.geometry import resolve_geometry
-        >>> g = resolve_geometry(torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 3, 3), None, 1, 1, 1, 1, "zeros", 2)
+        >>> x, w = torch.zeros(1, 1, 8, 8), torch.zeros(1, 1, 3, 3)
+        >>> g = resolve_geometry(x, w, None, 1, 1, 1, 1, "zeros", 2)
         >>> dft_plan(g, 0.0, torch.float32, torch.device("cpu")).analysis_w.shape
         torch.Size([12, 8])
     """

@@ -1,4 +1,5 @@
-"""The spatial algorithm of a band-limited convolution: project the input onto the band, then convolve natively.
+"""The spatial algorithm of a band-limited convolution: project the input onto the band, then
+convolve natively.
 
 Exact (to round-off) for the same band semantics as the frequency-domain algorithm
 (:mod:`.band_projection` explains why). It costs the native convolution plus two small matrix

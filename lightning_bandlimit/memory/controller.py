@@ -165,7 +165,8 @@ class CompressionController:
         if raise_step <= 0 or lower_step <= 0 or release_checks < 1 or cooldown_checks < 0 or margin < 0:
             raise ValueError(
                 "expected raise_step > 0, lower_step > 0, release_checks >= 1, cooldown_checks >= 0 "
-                f"and margin >= 0, got {raise_step}, {lower_step}, {release_checks}, {cooldown_checks}, {margin}"
+                f"and margin >= 0, got {raise_step}, {lower_step}, {release_checks}, {cooldown_checks}, "
+                f"{margin}"
             )
         self.min_free, self.release_free = min_free, release_free
         self.min_compression, self.max_compression = min_compression, max_compression

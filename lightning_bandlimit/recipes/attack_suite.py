@@ -658,7 +658,8 @@ def validate_attack_specs(specs: Sequence[AttackSpec | Mapping[str, Any]]) -> li
             )
         if spec.band_of is not None and (not isinstance(spec.band_of, str) or spec.band not in MODEL_BANDS):
             raise ValueError(
-                f"attack {spec.key!r}: band_of names the model whose band is {list(MODEL_BANDS)}, so it needs "
+                f"attack {spec.key!r}: band_of names the model whose band is {list(MODEL_BANDS)}, so it "
+                "needs "
                 f"band: dropped or kept and a model name, got band={spec.band!r}, band_of={spec.band_of!r}"
             )
         if info.banded:

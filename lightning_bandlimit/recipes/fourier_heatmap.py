@@ -324,7 +324,8 @@ def save_heat_map_difference(
         >>> import tempfile, pathlib
         >>> a, b = torch.rand(8, 8), torch.rand(8, 8)
         >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     save_heat_map_difference(a, b, pathlib.Path(tmp) / "d.png", box=(0.25, 0.25)).stat().st_size > 0
+        ...     path = save_heat_map_difference(a, b, pathlib.Path(tmp) / "d.png", box=(0.25, 0.25))
+        ...     path.stat().st_size > 0
         True
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg

@@ -89,7 +89,7 @@ class BandSubspace:
         return self.dims / (self.band.size[0] * self.band.size[1])
 
     def describe(self) -> str:
-        """In words, e.g. ``"dropped by model 'bl' (layer 'backbone.conv1', compression 0.469): 39 % of dims"``."""
+        """In words: the part, its source and its share of the image's dimensions."""
         return f"{self.part} by {self.band.describe()}: {100 * self.fraction:.0f} % of the image's dimensions"
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
@@ -254,8 +254,10 @@ def input_band(
     layer_name, layer, layer_input = _first_convolution(model, probe)
     if tuple(layer_input.shape[-2:]) != (height, width):
         raise ValueError(
-            f"model {name!r}: expected its input layer {layer_name!r} to see the image's grid {(height, width)}, "
-            f"got {tuple(layer_input.shape[-2:])}: the model resizes the image before it, so the layer's band "
+            f"model {name!r}: expected its input layer {layer_name!r} to see the image's grid "
+            f"{(height, width)}, "
+            f"got {tuple(layer_input.shape[-2:])}: the model resizes the image before it, so the layer's "
+            "band "
             "is not a band of the image"
         )
     identity_h = torch.eye(height, dtype=torch.float64)

@@ -208,7 +208,8 @@ def paired_differences(records: Iterable[Any], a: str, b: str) -> list[Paired]:
         >>> from types import SimpleNamespace as R
         >>> rows = [R(variant=v, replicate=i, attack="pgd", attack_name="pgd", threat="x", band=None,
         ...           band_name=None, norm="Linf", eps=0.1, clean_accuracy=0.9, robust_accuracy=acc)
-        ...         for v, accs in (("a", [0.5, 0.6, 0.7]), ("b", [0.4, 0.5, 0.6])) for i, acc in enumerate(accs)]
+        ...         for v, accs in (("a", [0.5, 0.6, 0.7]), ("b", [0.4, 0.5, 0.6]))
+        ...         for i, acc in enumerate(accs)]
         >>> p = paired_differences(rows, "a", "b")[0]
         >>> p.pairs, round(p.mean, 3), p.std, p.resolved
         (3, 0.1, 0.0, True)
@@ -291,9 +292,11 @@ class Verdict:
         )
         where = f"at {self.attack} eps {self.eps:.4g}"
         strength = (
-            f"{where}, the smallest strength that cost {self.full.variant} >= {100 * DECISIVE_LOSS:.0f} points"
+            f"{where}, the smallest strength that cost {self.full.variant} >= {100 * DECISIVE_LOSS:.0f} "
+            "points"
             if self.decisive
-            else f"{where}, the largest strength run (none cost {self.full.variant} {100 * DECISIVE_LOSS:.0f} points)"
+            else f"{where}, the largest strength run (none cost {self.full.variant} "
+            f"{100 * DECISIVE_LOSS:.0f} points)"
         )
         losses = (
             f"{self.limited.variant} lost {_points(self.limited)} of {100 * self.limited.clean_mean:.1f}, "

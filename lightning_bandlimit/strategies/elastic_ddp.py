@@ -194,7 +194,8 @@ class ElasticDDPStrategy(DDPStrategy):
             except ValueError as error:
                 raise ValueError(
                     f"ElasticDDPStrategy: the checkpoint {self._restored_path} saved a data position in a "
-                    f"different training set ({error}); resume with the same dataset and shuffling, or start a "
+                    f"different training set ({error}); resume with the same dataset and shuffling, or start "
+                    "a "
                     "new run in another directory"
                 ) from None
         self.sampler = sampler
@@ -211,7 +212,8 @@ class ElasticDDPStrategy(DDPStrategy):
             )
         if isinstance(dataloader.dataset, IterableDataset):
             raise ValueError(
-                "ElasticDDPStrategy needs a map-style dataset (with __len__) to keep the data position, got an IterableDataset"
+                "ElasticDDPStrategy needs a map-style dataset (with __len__) to keep the data position, got "
+                "an IterableDataset"
             )
         if dataloader.batch_size is None:
             raise ValueError(
@@ -229,7 +231,8 @@ class ElasticDDPStrategy(DDPStrategy):
         else:
             raise ValueError(
                 f"ElasticDDPStrategy replaces the training sampler to keep the data position across resizes; "
-                f"it can replace RandomSampler, SequentialSampler or DistributedSampler, got {type(original).__name__}"
+                "it can replace RandomSampler, SequentialSampler or DistributedSampler, got "
+                f"{type(original).__name__}"
             )
         return ElasticSampler(
             len(dataloader.dataset),  # type: ignore[arg-type]
@@ -275,7 +278,8 @@ class ElasticDDPStrategy(DDPStrategy):
             super().load_optimizer_state_dict(checkpoint)
         except (KeyError, ValueError) as error:
             raise ValueError(
-                f"ElasticDDPStrategy: the optimizer state in {self._restored_path} does not fit this run's optimizer "
+                f"ElasticDDPStrategy: the optimizer state in {self._restored_path} does not fit this run's "
+                "optimizer "
                 f"({type(error).__name__}: {error}); it cannot resume it (nothing was written)"
             ) from None
 
@@ -367,7 +371,8 @@ class ElasticDDPStrategy(DDPStrategy):
         if launched.per_device_batch != self.reference.per_device_batch:
             raise ValueError(
                 f"ElasticDDPStrategy: {where} was planned with a per-device batch of "
-                f"{self.reference.per_device_batch}, this run has {launched.per_device_batch}; the rules rescale for a "
+                f"{self.reference.per_device_batch}, this run has {launched.per_device_batch}; the rules "
+                "rescale for a "
                 "change in the number of processes, so keep the per-device batch (nothing was written)"
             )
         self._check_optimizer_family(self.reference.betas is not None, launched.betas is not None)
@@ -375,14 +380,16 @@ class ElasticDDPStrategy(DDPStrategy):
             self.rule.adjust(self.reference, self.world_size, accumulation=launched.accumulation)
         except ValueError as error:
             raise ValueError(
-                f"ElasticDDPStrategy: the rule {self.rule!r} cannot apply to {where}: {error} (nothing was written)"
+                f"ElasticDDPStrategy: the rule {self.rule!r} cannot apply to {where}: {error} (nothing was "
+                "written)"
             ) from None
 
     def _check_optimizer_family(self, saved_has_betas: bool, has_betas: bool) -> None:
         if saved_has_betas != has_betas:
             kinds = {True: "an Adam-family optimizer", False: "an optimizer without betas"}
             raise ValueError(
-                f"ElasticDDPStrategy: the checkpoint {self._restored_path} was written with {kinds[saved_has_betas]}, "
+                f"ElasticDDPStrategy: the checkpoint {self._restored_path} was written with "
+                f"{kinds[saved_has_betas]}, "
                 f"this run uses {kinds[has_betas]}; it cannot resume it (nothing was written)"
             )
 
@@ -410,7 +417,8 @@ class ElasticDDPStrategy(DDPStrategy):
         for config in trainer.lr_scheduler_configs:
             if not isinstance(config.scheduler, SampleSchedule):
                 rank_zero_warn(
-                    f"ElasticDDPStrategy: {type(config.scheduler).__name__} counts steps, whose size changes with a "
+                    f"ElasticDDPStrategy: {type(config.scheduler).__name__} counts steps, whose size changes "
+                    "with a "
                     "resize, so its curve will not be continuous in samples seen; use "
                     "lightning_bandlimit.strategies.SampleSchedule for elastic runs"
                 )
@@ -452,7 +460,8 @@ class ElasticDDPStrategy(DDPStrategy):
             metrics["ElasticDDPStrategy/beta2"] = target.betas[1]
         _log_metrics(trainer, metrics)
         rank_zero_info(
-            f"ElasticDDPStrategy: world size {previous} -> {self.world_size} ({self.rule!r}, damping {damping:g}): "
+            f"ElasticDDPStrategy: world size {previous} -> {self.world_size} ({self.rule!r}, damping "
+            f"{damping:g}): "
             f"global batch {target.global_batch}, lr {target.lr:.4g}, momentum {target.momentum}, betas "
             f"{target.betas}, accumulation {target.accumulation}"
         )
@@ -498,7 +507,8 @@ class ElasticDDPStrategy(DDPStrategy):
         }
         self.rollbacks.append(event)
         rank_zero_warn(
-            f"ElasticDDPStrategy: the loss diverged after the resize {self.resized_from} -> {self.world_size}; rolled "
+            f"ElasticDDPStrategy: the loss diverged after the resize {self.resized_from} -> "
+            f"{self.world_size}; rolled "
             f"back to the state at the resize and retrying with damping {damping:g}"
             + (" (no rescaling)" if damping == 0 else "")
         )

@@ -158,10 +158,10 @@ def test_augmentation_changes_train_images_between_epochs(folder: Path) -> None:
     # Each augmented image is a shifted (and possibly flipped) copy of the original.
     for aug, orig in zip(first, unaugmented):
         assert any(
-            torch.equal(torch.nn.functional.pad(o, (4, 4, 4, 4))[:, t : t + 32, l : l + 32], aug)
+            torch.equal(torch.nn.functional.pad(o, (4, 4, 4, 4))[:, t : t + 32, u : u + 32], aug)
             for o in (orig, orig.flip(-1))
             for t in range(9)
-            for l in range(9)
+            for u in range(9)
         )
 
 

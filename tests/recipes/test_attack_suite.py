@@ -224,8 +224,13 @@ def test_cw_keeps_the_smallest_successful_perturbation() -> None:
     labels = model(images).argmax(1)
     single = CWMinNorm(model, c=[10.0], steps=30)(images, labels)
     grid = CWMinNorm(model, c=[1.0, 10.0, 100.0], steps=30)(images, labels)
-    fooled = lambda adv: model(adv).argmax(1) != labels
-    l2 = lambda adv: (adv - images).flatten(1).norm(dim=1)
+
+    def fooled(adv: torch.Tensor) -> torch.Tensor:
+        return model(adv).argmax(1) != labels
+
+    def l2(adv: torch.Tensor) -> torch.Tensor:
+        return (adv - images).flatten(1).norm(dim=1)
+
     assert fooled(grid).sum() >= fooled(single).sum() > 0
     both = fooled(grid) & fooled(single)
     assert (l2(grid)[both] <= l2(single)[both] + 1e-6).all()

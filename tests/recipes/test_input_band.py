@@ -34,7 +34,7 @@ def test_kept_and_dropped_are_complementary_orthogonal_projections() -> None:
 
 
 def test_the_dropped_band_is_exactly_the_layers_null_space() -> None:
-    """Against brute force: the layer's full linear map (its Jacobian), whose null space must be the dropped band."""
+    """Against brute force: the layer's linear map (its Jacobian) has the dropped band as null space."""
     torch.manual_seed(0)
     layer = BandLimitedConv2d(1, 3, 3, padding=1, bias=False, compression=0.6).double().eval()
     band = input_band(nn.Sequential(layer), (1, 9, 9))

@@ -122,7 +122,7 @@ def test_noise_statistics_are_unbiased_on_synthetic_gradients() -> None:
     local_sq = (locals_**2).sum(-1).mean(1)
     global_sq = (locals_.mean(1) ** 2).sum(-1)
     sigma2, mu2 = zip(
-        *(gradient_noise_statistics(float(l), float(gl), ranks) for l, gl in zip(local_sq, global_sq))
+        *(gradient_noise_statistics(float(lq), float(gq), ranks) for lq, gq in zip(local_sq, global_sq))
     )
     assert sum(mu2) / trials == pytest.approx(float((mean**2).sum()), rel=0.05)
     assert sum(sigma2) / trials == pytest.approx(dim * noise_std**2 / b, rel=0.05)
