@@ -304,10 +304,10 @@ def _check(
         handle.remove()
     if len(outputs) < 2:
         return
-    change = float((outputs[1] - outputs[0]).norm() / outputs[0].norm().clamp_min(1e-12))
     moved = float((outputs[1] - outputs[0]).norm())
     scale = float(outputs[0].norm())
-    if not math.isfinite(change) or (moved > _CHECK_TOLERANCE * max(scale, 1.0)):
+    change = moved / max(scale, 1e-12)
+    if not math.isfinite(change) or moved > _CHECK_TOLERANCE * max(scale, 1.0):
         raise ValueError(
             f"model {name!r}: a perturbation in the band its input layer {layer_name!r} drops changed that "
             f"layer's output by {change:.3g} of its size (expected < {_CHECK_TOLERANCE:g}): something before "

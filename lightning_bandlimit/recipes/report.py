@@ -35,6 +35,7 @@ __all__ = [
     "atomic_write",
     "format_eps",
     "library_versions",
+    "markdown_table",
     "plot_accuracy_vs_eps",
     "summary_markdown",
     "threat_label",
@@ -369,7 +370,15 @@ def threat_label(
     return threat
 
 
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A Markdown table (cells turned into text as they are).
+
+    Example:
+        >>> print(markdown_table(["a", "b"], [[1, "x"]]))
+        | a | b |
+        |---|---|
+        | 1 | x |
+    """
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
@@ -403,7 +412,7 @@ def summary_markdown(
     parts += ["", f"> {BAND_WARNING}", "", "## Accuracy under attack", ""]
     ordered = sorted(records, key=lambda r: (r.model, r.threat != THREAT_FULL, r.threat, r.attack, r.eps))
     parts.append(
-        _table(
+        markdown_table(
             [
                 "model",
                 "attack",
@@ -440,7 +449,7 @@ def summary_markdown(
     parts += ["", "## Robust accuracy (per-sample worst case over full-spectrum attacks)", ""]
     if full:
         parts.append(
-            _table(
+            markdown_table(
                 ["model", "norm", "eps", "clean acc", "robust acc", "attacks"],
                 [
                     [
@@ -460,7 +469,7 @@ def summary_markdown(
     if band:
         parts += ["", "## Band-restricted worst case (NOT a robustness measure, see above)", ""]
         parts.append(
-            _table(
+            markdown_table(
                 ["model", "norm", "eps", "band", "clean acc", "acc under attack", "attacks"],
                 [
                     [
@@ -479,7 +488,7 @@ def summary_markdown(
     parts += ["", "## Sanity checks", ""]
     if checks:
         parts.append(
-            _table(
+            markdown_table(
                 ["check", "model", "result", "detail"],
                 [
                     [

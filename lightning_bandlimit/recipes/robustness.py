@@ -830,6 +830,7 @@ def evaluate_robustness(
                 if heat_map:
                     images = torch.cat([b[0] for b in batches])[:heat_map_limit]
                     labels = all_labels.to(target)[:heat_map_limit]
+                    grids: dict[str, torch.Tensor] = {}
                     for model in evaluated:
                         begun = time.perf_counter()
                         grid = fourier_heat_map(
@@ -838,6 +839,7 @@ def evaluate_robustness(
                         stem = output_dir / f"heat_map_{_safe_name(model.name)}"
                         png, npy = stem.with_suffix(".png"), stem.with_suffix(".npy")
                         save_heat_map(grid, png, npy, title=f"{model.name} (L2 {heat_map_eps:g})")
+                        grids[model.name] = grid.cpu()
                         paths[f"heat_map_png:{model.name}"], paths[f"heat_map_npy:{model.name}"] = png, npy
                         heat_maps.append(
                             {
@@ -867,13 +869,9 @@ def evaluate_robustness(
                 if len(limited_variants) == 1 and len(other_variants) == 1
                 else (None, None)
             )
-            if heat_map and pair[0] is not None:
+            if heat_map and pair[0] is not None and pair[1] is not None:
                 paths["heat_map_difference"] = _heat_map_difference(
-                    evaluated,
-                    heat_maps,
-                    output_dir,
-                    *pair,
-                    eps=heat_map_eps,  # type: ignore[arg-type]
+                    evaluated, grids, output_dir, pair[0], pair[1], eps=heat_map_eps
                 )
             summary = (
                 summary_markdown(records, worst, checks, notes=notes)
@@ -903,7 +901,7 @@ def evaluate_robustness(
 
 def _heat_map_difference(
     evaluated: Sequence[_Model],
-    heat_maps: Sequence[Mapping[str, Any]],
+    grids: Mapping[str, torch.Tensor],
     output_dir: Path,
     limited: str,
     full: str,
@@ -911,15 +909,12 @@ def _heat_map_difference(
     eps: float,
 ) -> Path:
     """Mean heat map per variant, and the band-limited minus full-spectrum difference with the kept box."""
-    import numpy as np
-
     from lightning_bandlimit.recipes.fourier_heatmap import save_heat_map_difference
 
-    files = {entry["model"]: output_dir / entry["npy"] for entry in heat_maps}
-    means = {}
-    for variant in (limited, full):
-        members = [m.name for m in evaluated if m.variant == variant]
-        means[variant] = torch.from_numpy(np.mean([np.load(files[name]) for name in members], axis=0))
+    means = {
+        variant: torch.stack([grids[m.name] for m in evaluated if m.variant == variant]).mean(0)
+        for variant in (limited, full)
+    }
     band = next(m.band for m in evaluated if m.variant == limited)
     assert band is not None
     path = output_dir / "heat_map_difference.png"

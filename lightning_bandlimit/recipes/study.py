@@ -20,7 +20,7 @@ replicate. This module turns the records into
   lose, so a loss difference near the floor partly reflects the clean gap) and says which
   variant ends higher under the attack. Nothing here knows which answer is expected.
 
-Pure Python over record fields (no torch), so it can be tested on made-up records.
+It reads record fields only (no tensors), so it can be tested on made-up records.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from scipy import stats
+
+from lightning_bandlimit.recipes.report import markdown_table
 
 __all__ = [
     "DECISIVE_LOSS",
@@ -95,7 +97,10 @@ def threat_class(record: Any) -> str | None:
 
 @dataclass(frozen=True)
 class Aggregate:
-    """One variant under one attack at one budget, over its replicates (fractions, not points)."""
+    """One variant under one attack at one budget, over its replicates (fractions, not points).
+
+    ``loss_half_width`` is that of the loss's 95 % Student-t interval (nan with one replicate).
+    """
 
     variant: str
     attack: str
@@ -108,6 +113,7 @@ class Aggregate:
     accuracy_std: float
     loss_mean: float
     loss_std: float
+    loss_half_width: float
 
 
 @dataclass(frozen=True)
@@ -181,6 +187,7 @@ def aggregate(records: Iterable[Any]) -> list[Aggregate]:
         rows = [members[i] for i in sorted(members)]
         accuracy = [r.robust_accuracy for r in rows]
         loss = [r.clean_accuracy - r.robust_accuracy for r in rows]
+        loss_mean, loss_std, loss_half = _mean_interval(loss)
         out.append(
             Aggregate(
                 variant,
@@ -192,8 +199,9 @@ def aggregate(records: Iterable[Any]) -> list[Aggregate]:
                 statistics.fmean(r.clean_accuracy for r in rows),
                 statistics.fmean(accuracy),
                 _std(accuracy),
-                statistics.fmean(loss),
-                _std(loss),
+                loss_mean,
+                loss_std,
+                loss_half,
             )
         )
     return out
@@ -361,12 +369,6 @@ def verdicts(records: Iterable[Any], limited: str, full: str) -> list[Verdict]:
     return out
 
 
-def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def _interval(mean: float, half: float) -> str:
     return f"{100 * mean:+.1f} +- {100 * half:.1f}" if math.isfinite(half) else f"{100 * mean:+.1f}"
 
@@ -395,7 +397,7 @@ def study_markdown(
         "Replicates: " + ", ".join(f"{v} {n}" for v, n in sorted(replicates.items())) + ". Loss = clean "
         "accuracy minus accuracy under attack.",
         "",
-        _table(
+        markdown_table(
             ["variant", "attack", "threat class", "norm", "eps", "clean", "under attack", "loss"],
             [
                 [
@@ -431,7 +433,7 @@ def study_markdown(
         "Loss: clean minus attacked accuracy (negative: the band-limited variant loses less). "
         "Resolved: the interval excludes 0.",
         "",
-        _table(
+        markdown_table(
             [
                 "attack",
                 "threat class",
