@@ -10,7 +10,6 @@ name of a packaged recipe; ``lightning-bandlimit recipes`` lists them.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
@@ -19,61 +18,9 @@ import lightning_bandlimit.callbacks  # noqa: F401
 import lightning_bandlimit.data  # noqa: F401
 import lightning_bandlimit.models  # noqa: F401
 import lightning_bandlimit.strategies  # noqa: F401  (registers "elastic_ddp")
+from lightning_bandlimit.recipe_files import RECIPES_DIR, recipe_path, recipes, resolve_config_args
 
-__all__ = ["BandLimitCLI", "main", "recipe_path", "recipes", "resolve_config_args"]
-
-RECIPES_DIR = Path(__file__).resolve().parent / "configs"
-
-
-def recipes() -> dict[str, str]:
-    """Packaged recipes: name -> one-line description (the file's first comment line).
-
-    Example:
-        >>> sorted(recipes())
-        ['cifar10-resnet18', 'elastic', 'quickstart', 'robustness', 'robustness_study']
-    """
-    found = {}
-    for path in sorted(RECIPES_DIR.glob("*.yaml")):
-        first = path.read_text().splitlines()[0] if path.stat().st_size else ""
-        found[path.stem] = first.lstrip("# ").strip()
-    return found
-
-
-def recipe_path(name_or_path: str) -> Path:
-    """The config file for a recipe name, or the given path if it is an existing file.
-
-    Args:
-        name_or_path: a packaged recipe's name (``"quickstart"``) or a path to a YAML file.
-
-    Raises:
-        FileNotFoundError: if it is neither an existing file nor a recipe name (the message
-            lists the recipes).
-
-    Example:
-        >>> recipe_path("quickstart").name
-        'quickstart.yaml'
-    """
-    path = Path(name_or_path)
-    if path.is_file():
-        return path
-    packaged = RECIPES_DIR / f"{name_or_path}.yaml"
-    if packaged.is_file():
-        return packaged
-    raise FileNotFoundError(
-        f"--config {name_or_path!r} is neither an existing file nor a recipe name; "
-        f"recipes: {', '.join(recipes())}"
-    )
-
-
-def resolve_config_args(argv: list[str]) -> list[str]:
-    """``argv`` with the value of every ``--config`` resolved by :func:`recipe_path`."""
-    resolved = list(argv)
-    for i, arg in enumerate(resolved):
-        if arg == "--config" and i + 1 < len(resolved):
-            resolved[i + 1] = str(recipe_path(resolved[i + 1]))
-        elif arg.startswith("--config="):
-            resolved[i] = f"--config={recipe_path(arg.split('=', 1)[1])}"
-    return resolved
+__all__ = ["RECIPES_DIR", "BandLimitCLI", "main", "recipe_path", "recipes", "resolve_config_args"]
 
 
 class BandLimitCLI(LightningCLI):

@@ -11,7 +11,9 @@ from torch import nn
 from torch.nn import functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_bandlimit.models._lightning import advances_sample_schedules, training_loader
 from lightning_bandlimit.models.backbones import build_backbone
+from lightning_bandlimit.strategies.schedules import SampleSchedule
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageClassifier", "Normalize"]
 
@@ -145,22 +147,18 @@ class ImageClassifier(pl.LightningModule):
         images = batch[0] if isinstance(batch, (tuple, list)) else batch
         return self(images).softmax(-1)
 
-    def _sample_schedule(self, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
-        from lightning_bandlimit.strategies import ElasticDDPStrategy, SampleSchedule
-
+    def _sample_schedule(self, optimizer: torch.optim.Optimizer, total_steps: int) -> SampleSchedule:
         trainer = self.trainer
-        if not isinstance(trainer.strategy, ElasticDDPStrategy):
+        if not advances_sample_schedules(trainer):
             raise ValueError(
                 "lr_schedule='samples' is advanced by ElasticDDPStrategy (strategy='elastic_ddp'), got "
                 f"{type(trainer.strategy).__name__}; use lr_schedule='onecycle' with other strategies"
             )
-        if trainer.train_dataloader is None:  # max_steps runs do not load it to estimate the steps
-            trainer.fit_loop.setup_data()
+        loader = training_loader(trainer)
         if trainer.max_epochs is not None and trainer.max_epochs > 0:
-            total = trainer.max_epochs * len(trainer.train_dataloader.dataset)  # type: ignore[union-attr, arg-type]
+            total = trainer.max_epochs * len(loader.dataset)
         else:
-            batch = trainer.train_dataloader.batch_size  # type: ignore[union-attr]
-            total = total_steps * batch * trainer.world_size * trainer.accumulate_grad_batches
+            total = total_steps * loader.batch_size * trainer.world_size * trainer.accumulate_grad_batches
         return SampleSchedule(
             optimizer, total_samples=total, warmup_samples=int(0.2 * total), min_lr_ratio=0.01
         )

@@ -1203,7 +1203,7 @@ def main(args: list[str] | None = None) -> Path:
     parser.add_argument("--config", action=ActionConfigFile, help="a YAML file or a packaged recipe name")
     parser.add_function_arguments(_robustness_cli, as_group=False)
     argv = sys.argv[1:] if args is None else list(args)
-    from lightning_bandlimit.cli import resolve_config_args
+    from lightning_bandlimit.recipe_files import resolve_config_args
 
     config = parser.parse_args(resolve_config_args(argv))
     instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes

@@ -103,6 +103,9 @@ class ElasticDDPStrategy(DDPStrategy):
         'ElasticDDPStrategy'
     """
 
+    #: read by models that build a :class:`SampleSchedule` (it advances them by samples seen)
+    advances_sample_schedules = True
+
     def __init__(
         self,
         rule: ScalingRule | None = None,

@@ -16,7 +16,7 @@ from torchattacks.attack import Attack
 
 from lightning_bandlimit.recipes import attack_suite
 from lightning_bandlimit.recipes.attack_suite import THREAT_FULL, AttackInfo, AttackSpec
-from lightning_bandlimit.recipes.report import RobustnessRecord
+from lightning_bandlimit.recipes.records import RobustnessRecord
 from lightning_bandlimit.recipes.robustness import evaluate_robustness
 from lightning_bandlimit.recipes.sanity import (
     SanityCheck,

@@ -8,7 +8,7 @@ import statistics
 import pytest
 from scipy import stats
 
-from lightning_bandlimit.recipes.report import RobustnessRecord, WorstCaseRecord
+from lightning_bandlimit.recipes.records import RobustnessRecord, WorstCaseRecord
 from lightning_bandlimit.recipes.study import (
     aggregate,
     paired_differences,

@@ -1,0 +1,142 @@
+"""The package's imports flow one way: no module imports, even lazily, one that imports it back.
+
+Every ``import`` / ``from ... import`` of ``lightning_bandlimit`` anywhere in a module's source
+(top level, inside functions, under ``TYPE_CHECKING``) is an edge. ``from package import name``
+is an edge to ``package.name`` when that is a module, else to the package's ``__init__``.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+import pytest
+
+import lightning_bandlimit
+
+ROOT = Path(lightning_bandlimit.__file__).resolve().parent
+PACKAGE = "lightning_bandlimit"
+
+# Layers, lowest first: a module may import its own layer and the layers below it only.
+LAYERS: list[tuple[str, ...]] = [
+    ("utils",),
+    ("functional",),
+    ("layers", "lean_layers", "saved_tensors", "batchnorm"),
+    ("surgery",),
+    ("memory", "data"),
+    ("strategies", "callbacks"),
+    ("models",),  # the example LightningModule may use the strategies' schedules
+    ("recipe_files", "cli", "recipes", "main_job", "multitenant", "__main__"),
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@functools.cache
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _edges(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets = [
+                f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module for a in node.names
+            ]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:  # ``import a.b.c`` where c is an attribute
+                target = target.rpartition(".")[0]
+            if target.startswith(PACKAGE) and target != PACKAGE and target != name:
+                found.add(target)
+    return found
+
+
+@functools.cache
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _edges(name, path, modules) for name, path in modules.items()}
+
+
+def _layer(module: str) -> int:
+    top = module.split(".")[1] if "." in module else ""
+    for rank, names in enumerate(LAYERS):
+        if top in names:
+            return rank
+    raise AssertionError(f"{module} belongs to no layer; add its top-level name to LAYERS")
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle's members (Tarjan's strongly connected components with more than one module)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_graph_sees_lazy_and_type_checking_imports() -> None:
+    graph = _graph()
+    # ``main`` imports the robustness recipe inside a function: a lazy import is still an edge
+    assert "lightning_bandlimit.recipes.robustness" in graph["lightning_bandlimit.cli"]
+    # sanity's record type is imported for annotations only, under TYPE_CHECKING
+    assert "lightning_bandlimit.recipes.records" in graph["lightning_bandlimit.recipes.sanity"]
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("module", sorted(_modules()))
+def test_imports_flow_down_the_layers(module: str) -> None:
+    if module == PACKAGE:
+        pytest.skip("the package's __init__ re-exports the public API from every layer")
+    upward = sorted(t for t in _graph()[module] if _layer(t) > _layer(module))
+    assert not upward, f"{module} (layer {_layer(module)}) imports a higher layer: {upward}"
