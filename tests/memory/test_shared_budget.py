@@ -49,9 +49,9 @@ def test_cotenant_grows_shrinks_and_reports_its_own_resident_set() -> None:
         pid = other.pid
     with pytest.raises(OSError):
         resident_bytes(pid)  # the process is gone
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ValueError, match="target must be >= 0, got -1"):
         CoTenant().hold(-1)
-    with pytest.raises(ValueError, match="at least one page"):
+    with pytest.raises(ValueError, match="chunk_bytes must be >= 4096, got 100"):
         CoTenant(chunk_bytes=100)
 
 
