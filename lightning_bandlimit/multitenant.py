@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 from lightning_bandlimit.callbacks.shared_budget import over_budget_steps
 from lightning_bandlimit.memory.cotenant import RampTrace
+from lightning_bandlimit.utils.files import atomic_write_json
+from lightning_bandlimit.utils.validation import check_choice, check_real
 
 __all__ = [
     "JobResult",
@@ -83,8 +85,7 @@ class JobSpec:
     recalibrate_bn: int = 8
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        check_choice("mode", self.mode, MODES)
         if self.mode == "adaptive" and None in (self.budget, self.min_free, self.release_free):
             raise ValueError("an adaptive job needs budget, min_free and release_free (bytes)")
         RampTrace(**self.trace)  # checks the trace before any work
@@ -207,7 +208,7 @@ def launch(spec: JobSpec, timeout: float | None = None) -> JobResult:
     out = Path(spec.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     spec_path = out / "spec.json"
-    spec_path.write_text(json.dumps(asdict(spec), indent=2))
+    atomic_write_json(spec_path, asdict(spec))
     env = {**os.environ, **HOST_ALLOCATOR_ENV}
     with open(out / "job.log", "w") as log:
         code = subprocess.run(
@@ -246,8 +247,7 @@ def budget_for(plain: JobResult, trace: RampTrace, below: float = 0.25) -> int:
     Raises:
         ValueError: unless ``0 < below < 1``.
     """
-    if not 0 < below < 1:
-        raise ValueError(f"below must be in (0, 1), got {below}")
+    check_real("below", below, minimum=0, maximum=1, min_open=True, max_open=True)
     held = statistics.median(r["job_bytes"] + r["cotenant_bytes"] for r in _phase(plain, trace, hold=True))
     return int(held - below * plain.step_increment_bytes)
 
@@ -303,7 +303,7 @@ def _main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m lightning_bandlimit.multitenant SPEC.json")
     spec = JobSpec(**json.loads(Path(argv[0]).read_text()))
     result = run_job(spec)
-    Path(spec.out_dir, "result.json").write_text(json.dumps(asdict(result)))
+    atomic_write_json(Path(spec.out_dir, "result.json"), asdict(result), indent=None)
 
 
 if __name__ == "__main__":

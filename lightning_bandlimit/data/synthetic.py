@@ -35,6 +35,8 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from lightning_bandlimit.utils.validation import check_choice, check_int
+
 __all__ = ["CLASSES", "SyntheticImageDataModule", "SyntheticImages", "render"]
 
 SIZE = 32
@@ -110,6 +112,7 @@ def render(label: int, generator: torch.Generator) -> torch.Tensor:
         generator: source of all randomness for this image.
 
     Raises:
+        TypeError: if ``label`` is not an int.
         ValueError: if ``label`` is not a class index.
 
     Example:
@@ -117,8 +120,7 @@ def render(label: int, generator: torch.Generator) -> torch.Tensor:
         >>> image.shape, bool(image.min() >= 0 and image.max() <= 1)
         (torch.Size([3, 32, 32]), True)
     """
-    if not 0 <= label < len(CLASSES):
-        raise ValueError(f"label must be in [0, {len(CLASSES)}), got {label}")
+    check_int("label", label, minimum=0, maximum=len(CLASSES) - 1)
     shape, texture, cycles = CLASSES[label]
     g = generator
     white = torch.randn(SIZE, SIZE, generator=g)
@@ -157,6 +159,7 @@ class SyntheticImages(Dataset):
         cache: keep rendered images (``size * 12 KiB``).
 
     Raises:
+        TypeError: if ``size`` or ``seed`` is not an int.
         ValueError: for a negative size or an unknown split.
 
     Example:
@@ -167,10 +170,9 @@ class SyntheticImages(Dataset):
     """
 
     def __init__(self, size: int, seed: int = 0, split: str = "train", cache: bool = True) -> None:
-        if size < 0:
-            raise ValueError(f"size must be non-negative, got {size}")
-        if split not in _SPLITS:
-            raise ValueError(f"split must be one of {list(_SPLITS)}, got {split!r}")
+        check_int("size", size, minimum=0)
+        check_int("seed", seed)
+        check_choice("split", split, list(_SPLITS))
         self.size, self.seed, self.split = size, seed, split
         self._cache: dict[int, torch.Tensor] | None = {} if cache else None
 
@@ -203,6 +205,7 @@ class SyntheticImageDataModule(pl.LightningDataModule):
         num_workers: DataLoader worker processes.
 
     Raises:
+        TypeError: if an argument is not an int.
         ValueError: if a size is negative, ``batch_size`` is not positive or ``num_workers``
             is negative.
 
@@ -224,12 +227,11 @@ class SyntheticImageDataModule(pl.LightningDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
-        if min(train_size, val_size, test_size) < 0 or batch_size < 1 or num_workers < 0:
-            raise ValueError(
-                "expected non-negative sizes, batch_size >= 1 and num_workers >= 0, got "
-                f"train_size={train_size}, val_size={val_size}, test_size={test_size}, "
-                f"batch_size={batch_size}, num_workers={num_workers}"
-            )
+        for name, value in (("train_size", train_size), ("val_size", val_size), ("test_size", test_size)):
+            check_int(name, value, minimum=0)
+        check_int("batch_size", batch_size, minimum=1)
+        check_int("seed", seed)
+        check_int("num_workers", num_workers, minimum=0)
         self.save_hyperparameters()
         self.num_classes = len(CLASSES)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable, _as_bytes
+from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable, _as_bytes
 
 __all__ = ["SharedBudgetProbe"]
 
@@ -46,9 +46,7 @@ class SharedBudgetProbe(MemoryProbe):
     measures_own = True
 
     def __init__(self, budget: int, own: Callable[[], int], others: Callable[[], int]) -> None:
-        budget = _as_bytes("budget", budget)
-        if budget <= 0:
-            raise ValueError(f"budget must be a positive number of bytes, got {budget}")
+        budget = _as_bytes("budget", budget, minimum=1)
         self.budget, self.own, self.others = budget, own, others
 
     def read(self) -> MemoryReading:

@@ -16,6 +16,8 @@ from types import TracebackType
 
 from typing_extensions import Self
 
+from lightning_bandlimit.utils.validation import check_int
+
 __all__ = ["CoTenant", "RampTrace"]
 
 # The co-tenant's whole program: one integer target per line in, one resident size per line out.
@@ -51,6 +53,7 @@ class CoTenant:
         chunk_bytes: granularity of the held memory, at least one page (4096).
 
     Raises:
+        TypeError: if ``chunk_bytes`` is not an int.
         ValueError: if ``chunk_bytes`` is below 4096.
         OSError: if the process cannot start (e.g. ``/proc`` is missing: not Linux).
 
@@ -63,8 +66,7 @@ class CoTenant:
     """
 
     def __init__(self, chunk_bytes: int = 2**20) -> None:
-        if chunk_bytes < 4096:
-            raise ValueError(f"chunk_bytes must be at least one page (4096), got {chunk_bytes}")
+        check_int("chunk_bytes", chunk_bytes, minimum=4096)  # one page
         self._process = subprocess.Popen(
             [sys.executable, "-S", "-c", _SERVER, str(int(chunk_bytes))],
             stdin=subprocess.PIPE,
@@ -94,11 +96,11 @@ class CoTenant:
         """Grow or shrink to about ``target`` bytes held; returns the resident set after it.
 
         Raises:
+            TypeError: for a target that is not an int.
             ValueError: for a negative target.
             OSError: if the process has stopped.
         """
-        if target < 0:
-            raise ValueError(f"target must be a non-negative number of bytes, got {target}")
+        check_int("target", target, minimum=0)
         if self._process.poll() is not None:
             raise OSError(f"the co-tenant process has exited (code {self._process.returncode})")
         assert self._process.stdin is not None

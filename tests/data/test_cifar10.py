@@ -251,6 +251,20 @@ def test_non_int_argument(tmp_path: Path) -> None:
         CIFAR10DataModule(tmp_path, batch_size=2.5)  # type: ignore[arg-type]
 
 
+def test_bad_stage_and_fake_counts(folder: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="stage must be one of .*got 'train'"):
+        CIFAR10DataModule(folder).setup("train")
+    with pytest.raises(ValueError, match="n_test must be >= 0, got -1"):
+        write_fake_cifar10(tmp_path / "fake", n_test=-1)
+
+
+def test_reader_names_still_import_from_the_cifar10_module() -> None:
+    from lightning_bandlimit.data import cifar10, cifar10_batches
+
+    for name in cifar10_batches.__all__:
+        assert getattr(cifar10, name) is getattr(cifar10_batches, name) and name in cifar10.__all__
+
+
 def test_val_size_too_large(folder: Path) -> None:
     dm = CIFAR10DataModule(folder, val_size=5 * N_PER_BATCH)
     with pytest.raises(ValueError, match="val_size must be smaller than the 40"):

@@ -45,6 +45,14 @@ def test_class_table_and_bad_input() -> None:
         SyntheticImages(4)[4]
     with pytest.raises(ValueError, match="batch_size"):
         SyntheticImageDataModule(batch_size=0)
+    with pytest.raises(ValueError, match=r"label must be in \[0, 9\], got 10"):
+        render(10, torch.Generator())
+    with pytest.raises(ValueError, match="size must be >= 0, got -1"):
+        SyntheticImages(-1)
+    with pytest.raises(ValueError, match="val_size must be >= 0, got -2"):
+        SyntheticImageDataModule(val_size=-2)
+    with pytest.raises(TypeError, match="train_size must be an int >= 0, got 2.5"):
+        SyntheticImageDataModule(train_size=2.5)  # type: ignore[arg-type]
 
 
 def test_datamodule_loaders() -> None:

@@ -455,17 +455,18 @@ def test_scripted_callable() -> None:
 
 
 @pytest.mark.parametrize(
-    ("free", "total", "message"),
+    ("free", "total", "error", "message"),
     [
-        ([], 1000, "non-empty"),
-        ([10, -1], 1000, r"free\[1\] must be >= 0"),
-        ([10, 1001], 1000, r"free\[1\] is 1001 bytes, more than total=1000"),
-        ([1.5], 1000, r"free\[0\] must be an integer"),
-        ([10], 0, "total must be > 0"),
+        ([], 1000, ValueError, "non-empty"),
+        ([10, -1], 1000, ValueError, r"free\[1\] must be >= 0"),
+        ([10, 1001], 1000, ValueError, r"free\[1\] is 1001 bytes, more than total=1000"),
+        ([1.5], 1000, TypeError, r"free\[0\] must be an int >= 0, got 1.5"),
+        ([10], 0, ValueError, r"total must be >= 1, got 0"),
+        ([10], 10.0, TypeError, r"total must be an int >= 1, got 10.0"),
     ],
 )
-def test_scripted_bad_input(free: list[Any], total: int, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+def test_scripted_bad_input(free: list[Any], total: int, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
         ScriptedProbe(free, total=total)
 
 
@@ -512,15 +513,22 @@ def test_memory_reading() -> None:
         MemoryReading(total=8, free=9, source="nvml")
     with pytest.raises(ValueError, match="0 <= free <= total"):
         MemoryReading(total=8, free=-1, source="nvml")
-    with pytest.raises(TypeError, match="integer"):
+    with pytest.raises(TypeError, match=r"total must be an int, got 8.0"):
         MemoryReading(total=8.0, free=1, source="nvml")  # type: ignore[arg-type]
     with pytest.raises(AttributeError):
         reading.free = 3  # type: ignore[misc]
     assert reading.own is None and MemoryReading(total=8, free=2, source="budget", own=5).own == 5
-    with pytest.raises(ValueError, match="own must be at least 0, got -1"):
+    with pytest.raises(ValueError, match="own must be >= 0, got -1"):
         MemoryReading(total=8, free=2, source="budget", own=-1)
-    with pytest.raises(TypeError, match="own must be an integer number of bytes, got True"):
+    with pytest.raises(TypeError, match="own must be an int >= 0, got True"):
         MemoryReading(total=8, free=2, source="budget", own=True)
+
+
+def test_memory_reading_accepts_integer_scalars_that_are_not_int() -> None:
+    np = pytest.importorskip("numpy")
+    reading = MemoryReading(total=np.int64(8), free=torch.tensor(2), source="scripted")
+    assert (reading.total, reading.free) == (8, 2) and type(reading.total) is int
+    assert ScriptedProbe(np.array([5, 3]), total=np.int32(10)).read().free == 5
 
 
 def test_exports() -> None:

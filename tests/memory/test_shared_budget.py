@@ -49,9 +49,9 @@ def test_cotenant_grows_shrinks_and_reports_its_own_resident_set() -> None:
         pid = other.pid
     with pytest.raises(OSError):
         resident_bytes(pid)  # the process is gone
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ValueError, match="target must be >= 0, got -1"):
         CoTenant().hold(-1)
-    with pytest.raises(ValueError, match="at least one page"):
+    with pytest.raises(ValueError, match="chunk_bytes must be >= 4096, got 100"):
         CoTenant(chunk_bytes=100)
 
 
@@ -77,9 +77,9 @@ def test_shared_budget_probe_subtracts_both_and_clips_and_fails_as_unavailable()
 
     with pytest.raises(ProbeUnavailable, match="no such process"):
         SharedBudgetProbe(1000, own=gone, others=gone).read()
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="budget must be >= 1, got 0"):
         SharedBudgetProbe(0, own=gone, others=gone)
-    with pytest.raises(TypeError, match="integer number of bytes"):
+    with pytest.raises(TypeError, match="budget must be an int >= 1, got 1.5"):
         SharedBudgetProbe(1.5, own=gone, others=gone)  # type: ignore[arg-type]
 
 

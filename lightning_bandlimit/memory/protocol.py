@@ -1,0 +1,161 @@
+"""The probe protocol: a :class:`MemoryReading`, the :class:`ProbeUnavailable` error, and the
+:class:`MemoryProbe` base class every probe implements.
+
+Example:
+    >>> reading = MemoryReading(total=8_000, free=2_500, source="scripted")
+    >>> reading.used, reading.free_fraction
+    (5500, 0.3125)
+"""
+
+from __future__ import annotations
+
+import abc
+import operator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from typing_extensions import Self
+
+from lightning_bandlimit.utils.validation import check_int
+
+__all__ = ["MemoryProbe", "MemoryReading", "ProbeUnavailable"]
+
+
+def _as_bytes(name: str, value: Any, *, minimum: int | None = None) -> int:
+    """:func:`~lightning_bandlimit.utils.validation.check_int` for a number of bytes, also
+    accepting integer scalars that are not ``int`` (NumPy's, 0-d integer tensors)."""
+    if not isinstance(value, (int, float)) and hasattr(type(value), "__index__"):
+        value = operator.index(value)
+    return check_int(name, value, minimum=minimum)
+
+
+def _describe(err: BaseException) -> str:
+    """``"TypeName: message"`` of an error, for a :class:`ProbeUnavailable` message."""
+    try:
+        text = str(err)
+    except Exception:  # noqa: BLE001 -- pynvml's __str__ may call into a broken library
+        text = ""
+    name = type(err).__name__
+    return f"{name}: {text}" if text else name
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    """One measurement of a device's memory, in bytes.
+
+    Attributes:
+        total: bytes the job could use at most (device total; on the host the smaller of
+            ``MemTotal`` and the cgroup limit).
+        free: bytes free for this job now, after what *every* process on the device uses
+            (on the host the smaller of ``MemAvailable`` and the cgroup's headroom).
+        source: which probe measured it: ``"nvml"``, ``"cuda"``, ``"host"``, ``"budget"`` or
+            ``"scripted"``.
+        own: bytes of ``total - free`` that this job itself uses, when the probe can tell them
+            apart from other processes' (:class:`~lightning_bandlimit.memory.SharedBudgetProbe`
+            does); ``None`` otherwise.
+
+    Raises:
+        TypeError: if ``total``, ``free`` or ``own`` is not an integer.
+        ValueError: unless ``0 <= free <= total`` and ``own >= 0``.
+
+    Example:
+        >>> reading = MemoryReading(total=1000, free=250, source="scripted")
+        >>> reading.used, reading.free_fraction
+        (750, 0.25)
+        >>> MemoryReading(total=1000, free=1001, source="scripted")
+        Traceback (most recent call last):
+            ...
+        ValueError: MemoryReading needs 0 <= free <= total, got free=1001, total=1000
+    """
+
+    total: int
+    free: int
+    source: str
+    own: int | None = None
+
+    def __post_init__(self) -> None:
+        total = _as_bytes("MemoryReading.total", self.total)
+        free = _as_bytes("MemoryReading.free", self.free)
+        if total < 0 or not 0 <= free <= total:
+            raise ValueError(f"MemoryReading needs 0 <= free <= total, got free={free}, total={total}")
+        object.__setattr__(self, "total", total)
+        object.__setattr__(self, "free", free)
+        if self.own is not None:
+            object.__setattr__(self, "own", _as_bytes("MemoryReading.own", self.own, minimum=0))
+
+    @property
+    def used(self) -> int:
+        """Bytes in use by anyone (``total - free``)."""
+        return self.total - self.free
+
+    @property
+    def free_fraction(self) -> float:
+        """``free / total`` in ``[0, 1]`` (``0.0`` for an empty device)."""
+        return self.free / self.total if self.total else 0.0
+
+
+class ProbeUnavailable(RuntimeError):
+    """A probe cannot measure memory (here, or any more); the message says why.
+
+    Example:
+        >>> issubclass(ProbeUnavailable, RuntimeError)
+        True
+    """
+
+
+class MemoryProbe(abc.ABC):
+    """Reads the free memory of one device. A context manager: leaving it calls :meth:`close`.
+
+    Subclasses set the class attribute ``source`` and implement :meth:`read`, which raises
+    :class:`ProbeUnavailable` (never anything else) when memory cannot be measured. A probe
+    whose readings carry the job's own memory (:attr:`MemoryReading.own`) sets
+    ``measures_own = True``, so a caller need not measure the job itself.
+
+    Example:
+        >>> from lightning_bandlimit.memory import ScriptedProbe
+        >>> with ScriptedProbe([10], total=10) as probe:
+        ...     probe.read().free
+        10
+        >>> probe.closed
+        True
+    """
+
+    source: str = ""
+    measures_own: bool = False
+    _closed: bool = False
+
+    @abc.abstractmethod
+    def read(self) -> MemoryReading:
+        """Measure now.
+
+        Returns:
+            The current :class:`MemoryReading`.
+
+        Raises:
+            ProbeUnavailable: if memory cannot be measured (or the probe is closed).
+        """
+
+    def close(self) -> None:
+        """Release what the probe holds. Idempotent; later reads raise :class:`ProbeUnavailable`."""
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise ProbeUnavailable(f"{type(self).__name__} is closed")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
