@@ -21,7 +21,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from lightning_bandlimit.recipes.attack_suite import THREAT_BAND, THREAT_FULL, THREAT_NOISE
+from lightning_bandlimit.recipes.attack_registry import THREAT_BAND, THREAT_FULL, THREAT_NOISE
 from lightning_bandlimit.recipes.records import RobustnessRecord, WorstCaseRecord
 from lightning_bandlimit.recipes.sanity import SanityCheck
 from lightning_bandlimit.utils.files import atomic_write
