@@ -131,7 +131,7 @@ def derive_seed(seed: int, *parts: object) -> int:
     return zlib.crc32(text.encode()) & 0x7FFF_FFFF
 
 
-def _band_of(spec: AttackSpec, info: AttackInfo) -> tuple[float, float] | None:
+def _radial_band(spec: AttackSpec, info: AttackInfo) -> tuple[float, float] | None:
     if not info.banded or spec.band in MODEL_BANDS:
         return None
     return resolve_band("high" if spec.band is None else spec.band)  # type: ignore[arg-type]
@@ -152,7 +152,7 @@ def spec_band(spec: AttackSpec) -> tuple[float, float] | None:
         >>> spec_band(AttackSpec("band_noise", eps=[0.1])), spec_band(AttackSpec("pgd", eps=[0.1]))
         ((0.5, 1.0), None)
     """
-    return _band_of(spec, _info(spec))
+    return _radial_band(spec, _info(spec))
 
 
 def spec_model_band(spec: AttackSpec) -> str | None:
@@ -276,7 +276,7 @@ def validate_attack_specs(specs: Sequence[AttackSpec | Mapping[str, Any]]) -> li
             )
         if info.banded:
             try:
-                _band_of(spec, info)
+                _radial_band(spec, info)
             except ValueError as error:  # name the model bands too
                 raise ValueError(f"{error}; or a model's band: {', '.join(MODEL_BANDS)}") from None
         elif spec.band is not None:
@@ -326,7 +326,7 @@ def build_attack(
         [('APGD', 100, 3), ('APGDT', 100, 3), ('FAB', 100, 3), ('Square', None, 3)]
     """
     info = _info(spec)
-    band: tuple[float, float] | BandSubspace | None = _band_of(spec, info)
+    band: tuple[float, float] | BandSubspace | None = _radial_band(spec, info)  # a radial band, or:
     part = spec_model_band(spec)
     if part is not None:
         if not isinstance(subspace, BandSubspace) or subspace.part != part:
