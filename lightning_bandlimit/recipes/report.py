@@ -83,7 +83,7 @@ def write_results(
         The two paths.
 
     Example:
-        >>> import tempfile
+        >>> import json, tempfile
         >>> with tempfile.TemporaryDirectory() as folder:
         ...     j, c = write_results(Path(folder), [RobustnessRecord.fabricate("m", "pgd", 0.1)], {"seed": 0})
         ...     json.loads(j.read_text())["records"][0]["attack"], c.read_text().splitlines()[0][:11]
