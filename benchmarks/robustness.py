@@ -25,7 +25,6 @@ Writes ``benchmarks/results/robustness.json``. Run: ``python benchmarks/robustne
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -40,8 +39,9 @@ from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.models import ImageClassifier
 from lightning_bandlimit.recipes.attack_suite import AttackSpec, derive_seed
 from lightning_bandlimit.recipes.fourier_heatmap import fourier_heat_map
-from lightning_bandlimit.recipes.report import library_versions
 from lightning_bandlimit.recipes.robustness import evaluate_robustness
+from lightning_bandlimit.utils.files import atomic_write_json
+from lightning_bandlimit.utils.versions import library_versions
 
 EPS = [0.0, 2 / 255, 8 / 255]
 PGD_STEPS = 10
@@ -200,7 +200,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_json(args.output, report)
     print(
         f"{args.samples} images, {args.backbone} width {args.width}, FGSM + PGD-{PGD_STEPS} at eps "
         f"{[round(e, 4) for e in EPS]}, {args.repeats} interleaved repeats, "

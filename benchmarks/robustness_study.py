@@ -50,6 +50,7 @@ from lightning_bandlimit.main_job import DEFAULT_OVERRIDES
 from lightning_bandlimit.multitenant import JobResult, JobSpec, launch
 from lightning_bandlimit.recipes.robustness import main as robustness
 from lightning_bandlimit.recipes.study import DECISIVE_LOSS, aggregate, paired_differences, verdicts
+from lightning_bandlimit.utils.files import atomic_write_json
 
 MIB = 2**20
 LIMITED, FULL = "band-limited", "full-spectrum"
@@ -270,7 +271,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
     }
     path = args.output / f"{args.name}.json"
-    path.write_text(json.dumps(report, indent=2, default=str))
+    atomic_write_json(path, report, default=str)
     print(
         f"wrote {path} ({report['wall_s'] / 60:.1f} min: training {training_s / 60:.1f}, "
         f"evaluation {evaluation_s / 60:.1f})"

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("memory", "data"),
     ("strategies", "callbacks"),
     ("models",),  # the example LightningModule may use the strategies' schedules
-    ("recipe_files", "cli", "recipes", "main_job", "multitenant", "__main__"),
+    ("recipe_files", "main_summary", "cli", "recipes", "main_job", "multitenant", "__main__"),
 ]
 
 

@@ -39,6 +39,7 @@ from torchattacks.attack import Attack
 
 from lightning_bandlimit.recipes.frequency_band import band_project, resolve_band
 from lightning_bandlimit.recipes.input_band import BandSubspace
+from lightning_bandlimit.utils.validation import check_choice, check_int, check_real
 
 __all__ = ["BandNoise", "BandPGD"]
 
@@ -53,29 +54,6 @@ DISTRIBUTIONS = ("gaussian", "uniform")
 # best of 0.02..0.4 on random and clipped-smooth 16x16 and 32x32 images for all three bands.
 _BOX_MARGIN = 0.2
 FULL_BAND = (0.0, 1.0)
-
-
-def _check_real(name: str, value: float, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite real number, got {value!r}")
-    value = float(value)
-    if positive and value <= 0.0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-    if not positive and value < 0.0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return value
-
-
-def _check_count(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    return value
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-    return value
 
 
 def _resolve(
@@ -258,14 +236,14 @@ class BandPGD(Attack):
         random_start: bool = True,
         projection_rounds: int = 20,
     ) -> None:
-        eps = _check_real("eps", eps)
-        alpha = _check_real("alpha", alpha, positive=True)
-        steps = _check_count("steps", steps)
+        eps = check_real("eps", eps, minimum=0)
+        alpha = check_real("alpha", alpha, minimum=0, min_open=True)
+        steps = check_int("steps", steps, minimum=0)
         resolved, project, full = _resolve(band)
-        norm = _check_choice("norm", norm, NORMS)
+        norm = check_choice("norm", norm, NORMS)
         if not isinstance(random_start, bool):
             raise ValueError(f"random_start must be a bool, got {random_start!r}")
-        projection_rounds = _check_count("projection_rounds", projection_rounds)
+        projection_rounds = check_int("projection_rounds", projection_rounds, minimum=0)
         super().__init__("BandPGD", model)
         self._project, self._full = project, full
         self.eps = eps
@@ -373,13 +351,13 @@ class BandNoise(Attack):
         seed: int | None = None,
         projection_rounds: int = 20,
     ) -> None:
-        eps = _check_real("eps", eps)
+        eps = check_real("eps", eps, minimum=0)
         resolved, project, full = _resolve(band)
-        norm = _check_choice("norm", norm, NORMS)
-        distribution = _check_choice("distribution", distribution, DISTRIBUTIONS)
+        norm = check_choice("norm", norm, NORMS)
+        distribution = check_choice("distribution", distribution, DISTRIBUTIONS)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be None or a non-negative integer, got {seed!r}")
-        projection_rounds = _check_count("projection_rounds", projection_rounds)
+        projection_rounds = check_int("projection_rounds", projection_rounds, minimum=0)
         super().__init__("BandNoise", model)
         self._project, self._full = project, full
         self.eps = eps

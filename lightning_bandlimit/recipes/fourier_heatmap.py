@@ -20,16 +20,16 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from lightning_bandlimit.utils.validation import check_int
+
 __all__ = ["fourier_basis", "fourier_heat_map", "save_heat_map", "save_heat_map_difference"]
 
 
 def _check_bin(height: int, width: int, i: int, j: int) -> None:
-    for name, value in (("height", height), ("width", width)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    for name, value, size in (("i", i, height), ("j", j, width)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < size:
-            raise ValueError(f"{name} must be an integer in [0, {size - 1}], got {value!r}")
+    check_int("height", height, minimum=1)
+    check_int("width", width, minimum=1)
+    check_int("i", i, minimum=0, maximum=height - 1)
+    check_int("j", j, minimum=0, maximum=width - 1)
 
 
 def fourier_basis(

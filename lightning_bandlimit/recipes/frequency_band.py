@@ -19,6 +19,8 @@ from types import MappingProxyType
 
 import torch
 
+from lightning_bandlimit.utils.validation import check_int
+
 __all__ = ["BANDS", "band_mask", "band_project", "radial_frequency", "resolve_band"]
 
 #: Named radial bands, as ``(low, high)`` in normalised radial frequency.
@@ -28,9 +30,8 @@ BANDS: Mapping[str, tuple[float, float]] = MappingProxyType(
 
 
 def _check_size(height: int, width: int) -> None:
-    for name, value in (("height", height), ("width", width)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    check_int("height", height, minimum=1)
+    check_int("width", width, minimum=1)
 
 
 def resolve_band(band: str | tuple[float, float]) -> tuple[float, float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_bandlimit.recipes.attack_suite import THREAT_FULL
+from lightning_bandlimit.recipes.attack_registry import THREAT_FULL
 
 __all__ = ["RobustnessRecord", "WorstCaseRecord"]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -21,10 +20,10 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from lightning_bandlimit.recipes.attack_suite import THREAT_BAND, THREAT_FULL, THREAT_NOISE
+from lightning_bandlimit.recipes.attack_registry import THREAT_BAND, THREAT_FULL, THREAT_NOISE
 from lightning_bandlimit.recipes.records import RobustnessRecord, WorstCaseRecord
 from lightning_bandlimit.recipes.sanity import SanityCheck
-from lightning_bandlimit.utils.files import atomic_write
+from lightning_bandlimit.utils.files import atomic_write, atomic_write_json
 from lightning_bandlimit.utils.tables import markdown_table
 from lightning_bandlimit.utils.versions import library_versions
 
@@ -84,7 +83,7 @@ def write_results(
         The two paths.
 
     Example:
-        >>> import tempfile
+        >>> import json, tempfile
         >>> with tempfile.TemporaryDirectory() as folder:
         ...     j, c = write_results(Path(folder), [RobustnessRecord.fabricate("m", "pgd", 0.1)], {"seed": 0})
         ...     json.loads(j.read_text())["records"][0]["attack"], c.read_text().splitlines()[0][:11]
@@ -92,7 +91,7 @@ def write_results(
     """
     output_dir = Path(output_dir)
     payload = {**_jsonable(dict(extra)), "records": [_jsonable(asdict(r)) for r in records]}
-    json_path = atomic_write(output_dir / "results.json", json.dumps(payload, indent=2) + "\n")
+    json_path = atomic_write_json(output_dir / "results.json", payload)
     columns = [f.name for f in fields(RobustnessRecord)]
 
     def write_csv(stream: io.TextIOBase) -> None:

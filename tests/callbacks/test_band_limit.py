@@ -174,3 +174,30 @@ def test_every_ddp_rank_swaps_identically_and_memory_lean_trains_the_same(tmp_pa
     plain = _ddp_run(tmp_path, memory_lean=False)
     assert plain[0]["lean"] == 0
     assert reports[0]["weights"] == pytest.approx(plain[0]["weights"], rel=1e-4, abs=1e-6)
+
+
+def test_checkpoint_readers_find_the_saved_band_limit(tmp_path: Path) -> None:
+    from lightning_bandlimit.callbacks import AdaptiveBandLimit
+    from lightning_bandlimit.callbacks.band_limit import (
+        band_limit_states,
+        bandlimit_as_saved,
+        compression_from_checkpoint,
+    )
+
+    trainer = _trainer(tmp_path, [BandLimit(0.5, exclude="backbone.8")])
+    trainer.fit(_model(), _data())
+    trainer.save_checkpoint(tmp_path / "bl.ckpt")
+    checkpoint = torch.load(tmp_path / "bl.ckpt", map_location="cpu", weights_only=True)
+    states = band_limit_states(checkpoint)
+    assert states == [{"compression": 0.5, "include": None, "exclude": ["backbone.8"], "pointwise": False}]
+    assert compression_from_checkpoint(checkpoint) == 0.5
+    plain = _model()
+    bandlimit_as_saved(plain, states)
+    assert type(plain.backbone[0]) is BandLimitedConv2d and type(plain.backbone[8]) is nn.Conv2d
+
+    trainer = _trainer(tmp_path, [AdaptiveBandLimit(compression=0.3, min_compression=0.3)])
+    trainer.fit(_model(), _data())
+    trainer.save_checkpoint(tmp_path / "adaptive.ckpt")
+    adaptive = torch.load(tmp_path / "adaptive.ckpt", map_location="cpu", weights_only=True)
+    assert compression_from_checkpoint(adaptive) == 0.3
+    assert compression_from_checkpoint({"callbacks": {}}) is None and band_limit_states({}) == []

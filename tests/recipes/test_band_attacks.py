@@ -164,24 +164,24 @@ def test_band_pgd_records_its_threat_model_and_restores_train_mode():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("kwargs", "error", "match"),
     [
-        ({"eps": -0.1}, r"eps must be >= 0, got -0.1"),
-        ({"eps": math.inf}, r"eps must be a finite real number, got inf"),
-        ({"eps": "8/255"}, r"eps must be a finite real number, got '8/255'"),
-        ({"alpha": 0.0}, r"alpha must be > 0, got 0.0"),
-        ({"alpha": True}, r"alpha must be a finite real number, got True"),
-        ({"steps": -1}, r"steps must be a non-negative integer, got -1"),
-        ({"steps": 2.0}, r"steps must be a non-negative integer, got 2.0"),
-        ({"norm": "L1"}, r"norm must be one of \['Linf', 'L2'\], got 'L1'"),
-        ({"band": (0.7, 0.2)}, r"0 <= low < high <= 1, got \(low, high\) = \(0.7, 0.2\)"),
-        ({"band": "ultra"}, r"unknown band name 'ultra'"),
-        ({"random_start": 1}, r"random_start must be a bool, got 1"),
-        ({"projection_rounds": -2}, r"projection_rounds must be a non-negative integer, got -2"),
+        ({"eps": -0.1}, ValueError, r"eps must be >= 0, got -0.1"),
+        ({"eps": math.inf}, ValueError, r"eps must be a finite number, got inf"),
+        ({"eps": "8/255"}, TypeError, r"eps must be a real number >= 0, got '8/255'"),
+        ({"alpha": 0.0}, ValueError, r"alpha must be > 0, got 0.0"),
+        ({"alpha": True}, TypeError, r"alpha must be a real number > 0, got True"),
+        ({"steps": -1}, ValueError, r"steps must be >= 0, got -1"),
+        ({"steps": 2.0}, TypeError, r"steps must be an int >= 0, got 2.0"),
+        ({"norm": "L1"}, ValueError, r"norm must be one of \['Linf', 'L2'\], got 'L1'"),
+        ({"band": (0.7, 0.2)}, ValueError, r"0 <= low < high <= 1, got \(low, high\) = \(0.7, 0.2\)"),
+        ({"band": "ultra"}, ValueError, r"unknown band name 'ultra'"),
+        ({"random_start": 1}, ValueError, r"random_start must be a bool, got 1"),
+        ({"projection_rounds": -2}, ValueError, r"projection_rounds must be >= 0, got -2"),
     ],
 )
-def test_band_pgd_rejects_invalid_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_band_pgd_rejects_invalid_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
         BandPGD(filtered_linear((0.0, 1.0)), **kwargs)
 
 
@@ -274,22 +274,23 @@ def test_band_noise_records_its_threat_model():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("kwargs", "error", "match"),
     [
         (
             {"distribution": "laplace"},
+            ValueError,
             r"distribution must be one of \['gaussian', 'uniform'\], got 'laplace'",
         ),
-        ({"norm": "linf"}, r"norm must be one of \['Linf', 'L2'\], got 'linf'"),
-        ({"eps": -1}, r"eps must be >= 0, got -1.0"),
-        ({"seed": -1}, r"seed must be None or a non-negative integer, got -1"),
-        ({"seed": 1.5}, r"seed must be None or a non-negative integer, got 1.5"),
-        ({"band": (0.0, 2.0)}, r"0 <= low < high <= 1"),
-        ({"projection_rounds": 0.5}, r"projection_rounds must be a non-negative integer, got 0.5"),
+        ({"norm": "linf"}, ValueError, r"norm must be one of \['Linf', 'L2'\], got 'linf'"),
+        ({"eps": -1}, ValueError, r"eps must be >= 0, got -1"),
+        ({"seed": -1}, ValueError, r"seed must be None or a non-negative integer, got -1"),
+        ({"seed": 1.5}, ValueError, r"seed must be None or a non-negative integer, got 1.5"),
+        ({"band": (0.0, 2.0)}, ValueError, r"0 <= low < high <= 1"),
+        ({"projection_rounds": 0.5}, TypeError, r"projection_rounds must be an int >= 0, got 0.5"),
     ],
 )
-def test_band_noise_rejects_invalid_arguments(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_band_noise_rejects_invalid_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
         BandNoise(filtered_linear((0.0, 1.0)), **kwargs)
 
 

@@ -83,17 +83,17 @@ def test_fourier_basis_default_dtype_and_values():
 
 
 @pytest.mark.parametrize(
-    ("args", "match"),
+    ("args", "error", "match"),
     [
-        ((0, 8, 0, 0), r"height must be a positive integer, got 0"),
-        ((8, 8.0, 0, 0), r"width must be a positive integer, got 8.0"),
-        ((8, 8, 8, 0), r"i must be an integer in \[0, 7\], got 8"),
-        ((8, 6, 0, -1), r"j must be an integer in \[0, 5\], got -1"),
-        ((8, 6, 0.0, 0), r"i must be an integer in \[0, 7\], got 0.0"),
+        ((0, 8, 0, 0), ValueError, r"height must be >= 1, got 0"),
+        ((8, 8.0, 0, 0), TypeError, r"width must be an int >= 1, got 8.0"),
+        ((8, 8, 8, 0), ValueError, r"i must be in \[0, 7\], got 8"),
+        ((8, 6, 0, -1), ValueError, r"j must be in \[0, 5\], got -1"),
+        ((8, 6, 0.0, 0), TypeError, r"i must be an int in \[0, 7\], got 0.0"),
     ],
 )
-def test_fourier_basis_rejects_invalid_arguments(args, match):
-    with pytest.raises(ValueError, match=match):
+def test_fourier_basis_rejects_invalid_arguments(args, error, match):
+    with pytest.raises(error, match=match):
         fourier_basis(*args)
 
 

@@ -156,9 +156,10 @@ def test_invalid_bands_raise(band, match):
 
 @pytest.mark.parametrize(("height", "width"), [(0, 4), (4, -1), (2.0, 4), (True, 4)])
 def test_invalid_sizes_raise(height, width):
-    with pytest.raises(ValueError, match="must be a positive integer"):
+    match = r"(height|width) must be (an int )?>= 1, got"
+    with pytest.raises((ValueError, TypeError), match=match):
         radial_frequency(height, width)
-    with pytest.raises(ValueError, match="must be a positive integer"):
+    with pytest.raises((ValueError, TypeError), match=match):
         band_mask(height, width, "low")
 
 
