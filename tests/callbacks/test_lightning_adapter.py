@@ -1,4 +1,4 @@
-"""The private ``ModelCheckpoint`` shapes ``callbacks/_lightning.py`` relies on, on the installed Lightning."""
+"""The private ``ModelCheckpoint`` shapes ``callbacks/_lightning.py`` relies on, on installed Lightning."""
 
 from pathlib import Path
 
