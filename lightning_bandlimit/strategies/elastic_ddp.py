@@ -1,31 +1,29 @@
 """``ElasticDDPStrategy``: DDP for a job whose number of processes changes between restarts.
 
-A job launched by ``torchrun --nnodes=MIN:MAX`` (or simply relaunched with other ``devices``)
-restarts every worker on a membership change and resumes from its latest checkpoint. On such a
-resume this strategy makes training continue as if it had been planned for the new size:
+A job launched by ``torchrun --nnodes=MIN:MAX`` (or relaunched with other ``devices``) restarts
+every worker on a membership change and resumes from its latest checkpoint. On such a resume
+this strategy (a thin Lightning wrapper over the modules named) continues as if planned for the
+new size:
 
-* **Reference configuration.** Every checkpoint records the configuration the run was planned
-  with (world size, per-device batch, accumulation, LR, momentum / betas / eps, from the first
-  run on), the configuration currently applied, the samples seen and the data position.
-* **Rule.** On a start with another world size (or accumulation), a
-  :class:`~lightning_bandlimit.strategies.ScalingRule` maps the reference to the new size; the
-  change is applied *after* Lightning restored the optimizer and schedulers, multiplicatively
-  (group LRs, ``initial_lr`` and schedulers' ``base_lrs`` alike), so a schedule continues on the
-  rescaled curve and resizes never compound. ``KeepGlobalBatch`` sets
+* **Checkpoint** (``elastic_resume``): the configuration the run was planned with (world size,
+  per-device batch, accumulation, LR, momentum / betas / eps), the one applied, the samples
+  seen and the data position; a checkpoint this run cannot continue is refused before any write.
+* **Rule** (``elastic_resize``): on a start with another world size (or accumulation), a
+  :class:`~lightning_bandlimit.strategies.ScalingRule` maps the reference to the new size,
+  applied *after* Lightning restored the optimizer and schedulers, multiplicatively (schedules
+  continue on the rescaled curve; resizes never compound). ``KeepGlobalBatch`` sets
   ``trainer.accumulate_grad_batches``. The event is logged (``ElasticDDPStrategy/*``).
-* **Data.** The training sampler becomes an :class:`~lightning_bandlimit.strategies.ElasticSampler`
-  whose position is saved with the checkpoint: the rest of the current epoch is re-partitioned
-  over the new ranks, each sample exactly once.
-* **Schedule.** Each :class:`~lightning_bandlimit.strategies.SampleSchedule` is advanced by the
-  samples of every optimizer step (or by AdaScale's progress), so the LR curve is a function of
-  samples seen, not of steps whose size changes.
-* **Stability guard.** After a resize a :class:`~lightning_bandlimit.strategies.StabilityGuard`
-  watches the loss; on divergence the model, optimizer and schedulers are rolled back to their
-  state at the resize and the rule is retried with a damped factor.
-* **CPU threads.** On CPU each process uses ``cores // local processes`` intra-op threads,
-  re-evaluated at every (re)start.
+* **Data** (``elastic_data``): the training sampler becomes an
+  :class:`~lightning_bandlimit.strategies.ElasticSampler`: the rest of the epoch is
+  re-partitioned over the new ranks, each sample exactly once.
+* **Schedule**: each :class:`~lightning_bandlimit.strategies.SampleSchedule` advances by the
+  samples of every optimizer step (or AdaScale's progress, ``adascale``), not by steps.
+* **Stability guard**: after a resize a :class:`~lightning_bandlimit.strategies.StabilityGuard`
+  watches the loss; on divergence model, optimizer and schedulers roll back to the resize
+  (``elastic_resize.Snapshot``) and the rule is retried with a damped factor.
+* **CPU threads**: each process uses ``cores // local processes`` intra-op threads.
 
-Checkpointing often enough, and on the SIGTERM torchrun sends, is the job of
+Checkpointing often enough, and on torchrun's SIGTERM, is the job of
 :class:`~lightning_bandlimit.callbacks.ElasticCheckpoint`; ``trainer.fit(..., ckpt_path="last")``
 resumes from it. Registered as ``Trainer(strategy="elastic_ddp")`` when this package is imported.
 """
