@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
 from typing_extensions import override
 
 from lightning_bandlimit.batchnorm import Forward
@@ -17,6 +17,7 @@ from lightning_bandlimit.memory.probes import MemoryProbe, ProbeUnavailable, aut
 from lightning_bandlimit.memory.process import release_cached_memory
 from lightning_bandlimit.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.surgery import Patterns
+from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["AdaptiveBandLimit"]
 
@@ -24,10 +25,21 @@ _REASON_CODES = {"lower": -1.0, "hold": 0.0, "raise": 1.0, "oom": 2.0}
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
+    if is_oom_error(error):
+        return True
+    # Lightning's test wants a one-argument RuntimeError naming CUDA or DefaultCPUAllocator; this
+    # also catches host MemoryError, a CUDA OOM error raised with other arguments, other devices'
+    # "out of memory" (MPS, XPU) and allocators' "can't allocate memory".
     if isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)):
         return True
     text = str(error)
     return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def _free_memory(device: torch.device | None) -> None:
+    garbage_collection_cuda()  # gc.collect() and torch.cuda.empty_cache()
+    if device is None or device.type != "cuda":
+        release_cached_memory(device)  # the host's allocator too (malloc_trim), which Lightning leaves alone
 
 
 class AdaptiveBandLimit(BandLimit):
@@ -143,8 +155,7 @@ class AdaptiveBandLimit(BandLimit):
             recalibrate_bn=recalibrate_bn,
             bn_forward=bn_forward,
         )
-        if check_every_n_steps < 1:
-            raise ValueError(f"check_every_n_steps must be at least 1, got {check_every_n_steps}")
+        check_int("check_every_n_steps", check_every_n_steps, minimum=1)
         if not (isinstance(probe, MemoryProbe) or probe == "auto"):
             raise ValueError(f"probe must be 'auto' or a MemoryProbe, got {probe!r}")
         self.check_every_n_steps = check_every_n_steps
@@ -280,8 +291,7 @@ class AdaptiveBandLimit(BandLimit):
                     raise
                 failed = True  # recover outside the except: its traceback pins tensors
             if failed:
-                gc.collect()
-                release_cached_memory(self._device)
+                _free_memory(self._device)
                 previous = self.compression
                 self.compression = self.controller.on_oom(previous)
                 rank_zero_warn(

@@ -12,10 +12,18 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from lightning_bandlimit.callbacks._lightning import (
+    LastCheckpointHook,
+    check_lightning_shapes,
+    last_saved_step,
+    save_last_checkpoint,
+)
+from lightning_bandlimit.utils.validation import check_int
+
 __all__ = ["ElasticCheckpoint"]
 
 
-class ElasticCheckpoint(ModelCheckpoint):
+class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
     """``last.ckpt`` every N steps and when torchrun stops the workers (SIGTERM).
 
     torchrun restarts *every* worker when a node joins or leaves, sending SIGTERM first; the new
@@ -34,11 +42,12 @@ class ElasticCheckpoint(ModelCheckpoint):
         **kwargs: passed to ``ModelCheckpoint``.
 
     Raises:
-        ValueError: if ``every_n_train_steps`` is not positive.
+        TypeError: if ``every_n_train_steps`` is not an int.
+        ValueError: if it is not positive.
 
     Example:
         >>> callback = ElasticCheckpoint(dirpath="ckpts", every_n_train_steps=50)
-        >>> callback.save_last, callback._every_n_train_steps
+        >>> callback.save_last, callback.every_n_train_steps
         (True, 50)
     """
 
@@ -50,8 +59,7 @@ class ElasticCheckpoint(ModelCheckpoint):
         save_top_k: int = 0,
         **kwargs: Any,
     ) -> None:
-        if not isinstance(every_n_train_steps, int) or every_n_train_steps < 1:
-            raise ValueError(f"every_n_train_steps must be a positive int, got {every_n_train_steps!r}")
+        self._every_n_steps = check_int("every_n_train_steps", every_n_train_steps, minimum=1)
         super().__init__(
             dirpath=dirpath,
             every_n_train_steps=every_n_train_steps,
@@ -60,28 +68,33 @@ class ElasticCheckpoint(ModelCheckpoint):
             **kwargs,
         )
 
+    @property
+    def every_n_train_steps(self) -> int:
+        """Optimizer steps between checkpoints."""
+        return self._every_n_steps
+
     def _fix_dirpath(self, trainer: pl.Trainer) -> None:
         if self.dirpath is None:
             self.dirpath = os.path.join(trainer.default_root_dir, "checkpoints")
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        check_lightning_shapes()
         self._fix_dirpath(trainer)
         super().setup(trainer, pl_module, stage)
 
     @override
-    def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
+    def before_finding_last(self, trainer: pl.Trainer) -> None:
         self._fix_dirpath(trainer)  # ckpt_path="last" is resolved before setup
-        return super()._find_last_checkpoints(trainer)
 
     @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        if not isinstance(exception, SIGTERMException) or trainer.global_step == self._last_global_step_saved:
+        if not isinstance(exception, SIGTERMException) or trainer.global_step == last_saved_step(self):
             return
         # Lightning raises SIGTERMException on every rank after the same batch, between steps.
-        self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        save_last_checkpoint(self, trainer)
         rank_zero_info(
             f"ElasticCheckpoint: saved {self.last_model_path} at step {trainer.global_step} on SIGTERM"
         )

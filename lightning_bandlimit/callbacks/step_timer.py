@@ -10,6 +10,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from lightning_bandlimit.utils.validation import check_int
+
 __all__ = ["StepTimer"]
 
 
@@ -33,9 +35,7 @@ class StepTimer(Callback):
 
     def __init__(self, warmup: int = 5) -> None:
         super().__init__()
-        if warmup < 0:
-            raise ValueError(f"warmup must be non-negative, got {warmup}")
-        self.warmup = warmup
+        self.warmup = check_int("warmup", warmup, minimum=0)
         self.durations_ms: list[float] = []
         self._started: float | None = None
 

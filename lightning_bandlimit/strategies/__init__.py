@@ -19,6 +19,8 @@ from lightning_bandlimit.strategies.scaling import (
     default_rule,
     gradient_noise_statistics,
     read_optimizer,
+    rule_from_name,
+    rule_names,
 )
 from lightning_bandlimit.strategies.schedules import SampleSchedule, lr_multiplier, rescale_base_lrs
 from lightning_bandlimit.strategies.stability import StabilityGuard
@@ -44,4 +46,6 @@ __all__ = [
     "read_optimizer",
     "register_elastic_strategies",
     "rescale_base_lrs",
+    "rule_from_name",
+    "rule_names",
 ]

@@ -1,42 +1,37 @@
 """``ElasticDDPStrategy``: DDP for a job whose number of processes changes between restarts.
 
-A job launched by ``torchrun --nnodes=MIN:MAX`` (or simply relaunched with other ``devices``)
-restarts every worker on a membership change and resumes from its latest checkpoint. On such a
-resume this strategy makes training continue as if it had been planned for the new size:
+A job launched by ``torchrun --nnodes=MIN:MAX`` (or relaunched with other ``devices``) restarts
+every worker on a membership change and resumes from its latest checkpoint. On such a resume
+this strategy (a thin Lightning wrapper over the modules named) continues as if planned for the
+new size:
 
-* **Reference configuration.** Every checkpoint records the configuration the run was planned
-  with (world size, per-device batch, accumulation, LR, momentum / betas / eps, from the first
-  run on), the configuration currently applied, the samples seen and the data position.
-* **Rule.** On a start with another world size (or accumulation), a
-  :class:`~lightning_bandlimit.strategies.ScalingRule` maps the reference to the new size; the
-  change is applied *after* Lightning restored the optimizer and schedulers, multiplicatively
-  (group LRs, ``initial_lr`` and schedulers' ``base_lrs`` alike), so a schedule continues on the
-  rescaled curve and resizes never compound. ``KeepGlobalBatch`` sets
+* **Checkpoint** (``elastic_resume``): the configuration the run was planned with (world size,
+  per-device batch, accumulation, LR, momentum / betas / eps), the one applied, the samples
+  seen and the data position; a checkpoint this run cannot continue is refused before any write.
+* **Rule** (``elastic_resize``): on a start with another world size (or accumulation), a
+  :class:`~lightning_bandlimit.strategies.ScalingRule` maps the reference to the new size,
+  applied *after* Lightning restored the optimizer and schedulers, multiplicatively (schedules
+  continue on the rescaled curve; resizes never compound). ``KeepGlobalBatch`` sets
   ``trainer.accumulate_grad_batches``. The event is logged (``ElasticDDPStrategy/*``).
-* **Data.** The training sampler becomes an :class:`~lightning_bandlimit.strategies.ElasticSampler`
-  whose position is saved with the checkpoint: the rest of the current epoch is re-partitioned
-  over the new ranks, each sample exactly once.
-* **Schedule.** Each :class:`~lightning_bandlimit.strategies.SampleSchedule` is advanced by the
-  samples of every optimizer step (or by AdaScale's progress), so the LR curve is a function of
-  samples seen, not of steps whose size changes.
-* **Stability guard.** After a resize a :class:`~lightning_bandlimit.strategies.StabilityGuard`
-  watches the loss; on divergence the model, optimizer and schedulers are rolled back to their
-  state at the resize and the rule is retried with a damped factor.
-* **CPU threads.** On CPU each process uses ``cores // local processes`` intra-op threads,
-  re-evaluated at every (re)start.
+* **Data** (``elastic_data``): the training sampler becomes an
+  :class:`~lightning_bandlimit.strategies.ElasticSampler`: the rest of the epoch is
+  re-partitioned over the new ranks, each sample exactly once.
+* **Schedule**: each :class:`~lightning_bandlimit.strategies.SampleSchedule` advances by the
+  samples of every optimizer step (or AdaScale's progress, ``adascale``), not by steps.
+* **Stability guard**: after a resize a :class:`~lightning_bandlimit.strategies.StabilityGuard`
+  watches the loss; on divergence model, optimizer and schedulers roll back to the resize
+  (``elastic_resize.Snapshot``) and the rule is retried with a damped factor.
+* **CPU threads**: each process uses ``cores // local processes`` intra-op threads.
 
-Checkpointing often enough, and on the SIGTERM torchrun sends, is the job of
+Checkpointing often enough, and on torchrun's SIGTERM, is the job of
 :class:`~lightning_bandlimit.callbacks.ElasticCheckpoint`; ``trainer.fit(..., ckpt_path="last")``
 resumes from it. Registered as ``Trainer(strategy="elastic_ddp")`` when this package is imported.
 """
 
 from __future__ import annotations
 
-import copy
-import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -46,34 +41,50 @@ from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.data import _update_dataloader
-from lightning_utilities.core.apply_func import apply_to_collection
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 from typing_extensions import override
 
-from lightning_bandlimit.strategies.adascale import GradientNormState, gradient_norm_hook
+from lightning_bandlimit.strategies._lightning import (
+    LauncherHook,
+    check_lightning_shapes,
+    loader_with_sampler,
+    set_batches_done_this_epoch,
+)
+from lightning_bandlimit.strategies.adascale import AdaScaleGain, GradientNormState, gradient_norm_hook
+from lightning_bandlimit.strategies.elastic_data import (
+    batches_done_this_epoch,
+    elastic_sampler_for,
+    restore_position,
+)
+from lightning_bandlimit.strategies.elastic_resize import (
+    Rewarm,
+    Snapshot,
+    apply_config,
+    resize_metrics,
+    schedule_base_lr,
+)
+from lightning_bandlimit.strategies.elastic_resume import (
+    CHECKPOINT_KEY,
+    ResumeState,
+    check_optimizer_states,
+    check_resumable,
+)
 from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
 from lightning_bandlimit.strategies.scaling import (
     AdaScale,
     KeepGlobalBatch,
     ScalingRule,
     TrainingConfig,
-    adascale_gain,
-    apply_to_optimizer,
     default_rule,
-    gradient_noise_statistics,
     read_optimizer,
 )
 from lightning_bandlimit.strategies.schedules import SampleSchedule
 from lightning_bandlimit.strategies.stability import StabilityGuard
+from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["ElasticDDPStrategy", "register_elastic_strategies"]
 
-_KEY = "elastic_ddp"
-_FORMAT = 2
 
-
-class ElasticDDPStrategy(DDPStrategy):
+class ElasticDDPStrategy(LauncherHook, DDPStrategy):
     """DDP that rescales hyperparameters by rule, keeps data position and schedule across resizes.
 
     Args:
@@ -116,12 +127,10 @@ class ElasticDDPStrategy(DDPStrategy):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if per_device_batch is not None and per_device_batch < 1:
-            raise ValueError(f"per_device_batch must be at least 1, got {per_device_batch}")
-        if cpu_threads is not None and cpu_threads < 0:
-            raise ValueError(
-                f"cpu_threads must be None (auto), 0 (leave alone) or positive, got {cpu_threads}"
-            )
+        if per_device_batch is not None:
+            check_int("per_device_batch", per_device_batch, minimum=1)
+        if cpu_threads is not None:
+            check_int("cpu_threads", cpu_threads, minimum=0)  # None: auto, 0: leave torch alone
         if rule is not None and not isinstance(rule, ScalingRule):
             raise TypeError(f"rule must be a ScalingRule, got {type(rule).__name__}")
         self.rule = rule
@@ -135,30 +144,33 @@ class ElasticDDPStrategy(DDPStrategy):
         self.resized_from: int | None = None
         self.sampler: ElasticSampler | None = None
         self.rollbacks: list[dict[str, Any]] = []
-        self.gain = 1.0
-        self._restored: dict[str, Any] | None = None
+        self._has_comm_hook = kwargs.get("ddp_comm_hook") is not None
+        self._restored: ResumeState | None = None
         self._restored_path: str | None = None
-        self._snapshot: dict[str, Any] | None = None
-        self._rewarm: tuple[int, int, float] | None = None  # (start samples, warmup samples, start factor)
+        self._snapshot: Snapshot | None = None
+        self._rewarm: Rewarm | None = None
         self._step_samples = 0
         self._pending_loss: torch.Tensor | None = None  # the loss of the last optimizer step
         self._last_loss: torch.Tensor | None = None  # the loss of the last micro-batch
         self._norms: GradientNormState | None = None
-        self._noise: dict[str, float] = {}  # AdaScale: running tr(Sigma) and |G|^2
+        self._adascale = AdaScaleGain()
         self._launched_accumulation: int | None = None
-        self._warned_no_statistics = False
 
     # ------------------------------------------------------------------ environment
 
     @override
-    def _configure_launcher(self) -> None:
+    def before_launcher(self) -> None:
         # Under torchrun --nnodes=MIN:MAX the node count is only known at each (re)start.
         if isinstance(self.cluster_environment, TorchElasticEnvironment) and self.num_processes:
             world = self.cluster_environment.world_size()
-            if world % self.num_processes == 0 and world // self.num_processes != self._num_nodes:
-                self._num_nodes = world // self.num_processes
+            if world % self.num_processes == 0 and world // self.num_processes != self.num_nodes:
+                self.num_nodes = world // self.num_processes
                 self.set_world_ranks()
-        super()._configure_launcher()
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        check_lightning_shapes()
+        super().setup(trainer)
 
     @override
     def setup_environment(self) -> None:
@@ -173,7 +185,7 @@ class ElasticDDPStrategy(DDPStrategy):
     def configure_ddp(self) -> None:
         super().configure_ddp()
         if isinstance(self.rule, AdaScale) and self.world_size > 1:
-            if self._ddp_comm_hook is not None:
+            if self._has_comm_hook:
                 raise ValueError(
                     "AdaScale measures gradients with its own DDP communication hook; drop ddp_comm_hook"
                 )
@@ -188,64 +200,17 @@ class ElasticDDPStrategy(DDPStrategy):
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if trainer is None or trainer.state.stage != RunningStage.TRAINING:
             return dataloader
-        sampler = self._elastic_sampler(dataloader)
-        if self.sampler is not None:  # reloaded dataloaders keep the position
-            sampler.load_state_dict(self.sampler.state_dict())
-        elif self._restored is not None and "sampler" in self._restored:
-            try:
-                sampler.load_state_dict(self._restored["sampler"])
-            except ValueError as error:
-                raise ValueError(
-                    f"ElasticDDPStrategy: the checkpoint {self._restored_path} saved a data position in a "
-                    f"different training set ({error}); resume with the same dataset and shuffling, or start "
-                    "a "
-                    "new run in another directory"
-                ) from None
+        sampler = elastic_sampler_for(dataloader, self.world_size, self.global_rank, self.seed)
+        # reloaded dataloaders keep the position; the first one takes the checkpoint's
+        restored = None if self._restored is None else self._restored.sampler
+        restore_position(
+            sampler, self.sampler.state_dict() if self.sampler else restored, self._restored_path
+        )
         self.sampler = sampler
-        loader = _update_dataloader(dataloader, sampler, mode=RunningStage.TRAINING)  # type: ignore[arg-type]
+        loader = loader_with_sampler(dataloader, sampler)  # type: ignore[arg-type]
         # Tells Lightning the loader resumes mid-epoch (it warns otherwise); its position is the sampler's.
         loader.state_dict, loader.load_state_dict = sampler.state_dict, sampler.load_state_dict  # type: ignore[method-assign]
         return loader
-
-    def _elastic_sampler(self, dataloader: object) -> ElasticSampler:
-        if not isinstance(dataloader, DataLoader):
-            raise ValueError(
-                f"ElasticDDPStrategy needs a torch DataLoader for training to keep the data position, got "
-                f"{type(dataloader).__name__}"
-            )
-        if isinstance(dataloader.dataset, IterableDataset):
-            raise ValueError(
-                "ElasticDDPStrategy needs a map-style dataset (with __len__) to keep the data position, got "
-                "an IterableDataset"
-            )
-        if dataloader.batch_size is None:
-            raise ValueError(
-                "ElasticDDPStrategy needs DataLoader(batch_size=...) for training, not a custom batch_sampler"
-            )
-        original = dataloader.sampler
-        seed = self.seed if self.seed is not None else 0
-        if type(original) is DistributedSampler:
-            shuffle = original.shuffle
-            seed = original.seed if self.seed is None else self.seed
-        elif isinstance(original, (RandomSampler, ElasticSampler)):
-            shuffle = True if isinstance(original, RandomSampler) else original.shuffle
-        elif isinstance(original, SequentialSampler):
-            shuffle = False
-        else:
-            raise ValueError(
-                f"ElasticDDPStrategy replaces the training sampler to keep the data position across resizes; "
-                "it can replace RandomSampler, SequentialSampler or DistributedSampler, got "
-                f"{type(original).__name__}"
-            )
-        return ElasticSampler(
-            len(dataloader.dataset),  # type: ignore[arg-type]
-            dataloader.batch_size,
-            num_replicas=self.world_size,
-            rank=self.global_rank,
-            shuffle=shuffle,
-            seed=seed,
-            full_epoch_len=True,
-        )
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -254,8 +219,9 @@ class ElasticDDPStrategy(DDPStrategy):
         self, checkpoint_path: str | Path, weights_only: bool | None = None
     ) -> dict[str, Any]:
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        self._restored = checkpoint.get(_KEY)
         self._restored_path = str(checkpoint_path)
+        saved = checkpoint.get(CHECKPOINT_KEY)
+        self._restored = None if saved is None else ResumeState.from_checkpoint(saved, self._restored_path)
         return checkpoint
 
     @override
@@ -271,38 +237,31 @@ class ElasticDDPStrategy(DDPStrategy):
     @override
     def load_optimizer_state_dict(self, checkpoint: Any) -> None:
         # torch fails with a bare KeyError when the optimizer family changed: say so first
-        for optimizer, state in zip(self.optimizers, checkpoint.get("optimizer_states", [])):
-            saved_groups = state.get("param_groups", [])
-            if saved_groups:
-                self._check_optimizer_family(
-                    any("betas" in g for g in saved_groups), any("betas" in g for g in optimizer.param_groups)
-                )
+        check_optimizer_states(self.optimizers, checkpoint.get("optimizer_states", []), self._restored_path)
         try:
             super().load_optimizer_state_dict(checkpoint)
         except (KeyError, ValueError) as error:
             raise ValueError(
                 f"ElasticDDPStrategy: the optimizer state in {self._restored_path} does not fit this run's "
-                "optimizer "
-                f"({type(error).__name__}: {error}); it cannot resume it (nothing was written)"
+                f"optimizer ({type(error).__name__}: {error}); it cannot resume it (nothing was written)"
             ) from None
 
     @override
     def save_checkpoint(
         self, checkpoint: dict[str, Any], filepath: str | Path, storage_options: Any = None
     ) -> None:
-        if self.reference is not None:
-            checkpoint[_KEY] = {
-                "format": _FORMAT,
-                "reference": asdict(self.reference),
-                "applied": asdict(self.applied) if self.applied is not None else None,
-                "world_size": self.world_size,
-                "samples_seen": self.samples_seen,
-                "rule": type(self.rule).__name__ if self.rule is not None else None,
-                "sampler": self.sampler.state_dict() if self.sampler is not None else None,
-                "guard": self.guard.state_dict() if self.guard is not None else None,
-                "noise": dict(self._noise),
-                "rewarm": list(self._rewarm) if self._rewarm is not None else None,
-            }
+        if self.reference is not None and self.applied is not None:
+            checkpoint[CHECKPOINT_KEY] = ResumeState(
+                reference=self.reference,
+                applied=self.applied,
+                world_size=self.world_size,
+                samples_seen=self.samples_seen,
+                rule=type(self.rule).__name__ if self.rule is not None else None,
+                sampler=self.sampler.state_dict() if self.sampler is not None else None,
+                guard=self.guard.state_dict() if self.guard is not None else None,
+                noise=dict(self._adascale.noise),
+                rewarm=self._rewarm,
+            ).to_checkpoint()
         super().save_checkpoint(checkpoint, filepath, storage_options)
 
     # ------------------------------------------------------------------ resize
@@ -320,14 +279,6 @@ class ElasticDDPStrategy(DDPStrategy):
             )
         return size
 
-    def _reference_lr(self, trainer: pl.Trainer) -> float:
-        """The schedule's base LR (the group's LR may be mid-warmup, even 0)."""
-        for config in trainer.lr_scheduler_configs:
-            if getattr(config.scheduler, "base_lrs", None):
-                return float(config.scheduler.base_lrs[0])
-        group = trainer.optimizers[0].param_groups[0]
-        return float(group.get("initial_lr", group["lr"]))
-
     @override
     def on_train_start(self) -> None:
         super().on_train_start()
@@ -341,87 +292,47 @@ class ElasticDDPStrategy(DDPStrategy):
             self.world_size,
             self._batch_size(),
             trainer.accumulate_grad_batches,
-            lr=self._reference_lr(trainer),
+            lr=schedule_base_lr(optimizer, self._schedulers(trainer)),
         )
-        if self._restored is None:
+        restored = self._restored
+        if restored is None:
             self.reference = self.applied = launched
             return
-        restored = self._restored
-        self.reference = _config(restored["reference"])
-        self.applied = _config(restored.get("applied") or restored["reference"])
-        self.samples_seen = int(restored.get("samples_seen", 0))
-        self._noise = {k: float(v) for k, v in (restored.get("noise") or {}).items()}
-        rewarm = restored.get("rewarm")
-        self._rewarm = (int(rewarm[0]), int(rewarm[1]), float(rewarm[2])) if rewarm else None
-        if self.guard is not None and restored.get("guard"):
-            self.guard.load_state_dict(restored["guard"])
-        self._check_compatible(launched)
-        self._rebase_epoch_progress(trainer)
-        previous = int(restored["world_size"])
-        if previous == self.world_size and launched.accumulation == self.applied.accumulation:
+        self.reference, self.applied = restored.reference, restored.applied
+        self.samples_seen = restored.samples_seen
+        self._adascale = AdaScaleGain(restored.noise)
+        self._rewarm = restored.rewarm
+        if self.guard is not None and restored.guard:
+            self.guard.load_state_dict(restored.guard)
+        check_resumable(self.reference, launched, self.rule, self.world_size, self._restored_path)
+        if self.sampler is not None:
+            set_batches_done_this_epoch(trainer, batches_done_this_epoch(self.sampler))
+        if restored.world_size == self.world_size and launched.accumulation == self.applied.accumulation:
             return
-        self.resized_from = previous
+        self.resized_from = restored.world_size
         if self.guard is not None:
-            self._snapshot = self._take_snapshot(trainer)
+            self._snapshot = Snapshot.take(
+                self.lightning_module,
+                trainer.optimizers,
+                self._schedulers(trainer),
+                self.applied,
+                trainer.accumulate_grad_batches,
+                self.samples_seen,
+            )
         self._launched_accumulation = launched.accumulation
         self._apply_rule(trainer, damping=1.0)
         if self.guard is not None:
             self.guard.start()
 
-    def _check_compatible(self, launched: TrainingConfig) -> None:
-        assert self.reference is not None and self.rule is not None
-        where = f"the checkpoint {self._restored_path}"
-        if launched.per_device_batch != self.reference.per_device_batch:
-            raise ValueError(
-                f"ElasticDDPStrategy: {where} was planned with a per-device batch of "
-                f"{self.reference.per_device_batch}, this run has {launched.per_device_batch}; the rules "
-                "rescale for a "
-                "change in the number of processes, so keep the per-device batch (nothing was written)"
-            )
-        self._check_optimizer_family(self.reference.betas is not None, launched.betas is not None)
-        try:
-            self.rule.adjust(self.reference, self.world_size, accumulation=launched.accumulation)
-        except ValueError as error:
-            raise ValueError(
-                f"ElasticDDPStrategy: the rule {self.rule!r} cannot apply to {where}: {error} (nothing was "
-                "written)"
-            ) from None
-
-    def _check_optimizer_family(self, saved_has_betas: bool, has_betas: bool) -> None:
-        if saved_has_betas != has_betas:
-            kinds = {True: "an Adam-family optimizer", False: "an optimizer without betas"}
-            raise ValueError(
-                f"ElasticDDPStrategy: the checkpoint {self._restored_path} was written with "
-                f"{kinds[saved_has_betas]}, "
-                f"this run uses {kinds[has_betas]}; it cannot resume it (nothing was written)"
-            )
-
-    def _rebase_epoch_progress(self, trainer: pl.Trainer) -> None:
-        """Re-count the resumed epoch's finished batches in batches of *this* world size.
-
-        The loader's length is this rank's whole epoch at the new size (``full_epoch_len``) but it
-        yields only what is left, so Lightning must believe exactly ``whole - left`` batches of
-        the epoch are done, or it ends the epoch early or late.
-        """
-        if self.sampler is None:
-            return
-        batch = self.sampler.batch_size
-        whole = math.ceil(self.sampler.remaining(0) / batch)
-        left = math.ceil(self.sampler.remaining() / batch)
-        epoch_loop = trainer.fit_loop.epoch_loop
-        current = epoch_loop.batch_progress.current
-        done = whole - left
-        # reset() then adds one completed batch when the checkpoint was written at a batch's end
-        # and sets ready = started = processed = completed to it.
-        completed = done - 1 if epoch_loop.restarted_on_train_batch_end else done
-        current.ready = current.started = current.processed = current.completed = completed
+    @staticmethod
+    def _schedulers(trainer: pl.Trainer) -> list[Any]:
+        return [config.scheduler for config in trainer.lr_scheduler_configs]
 
     def _warn_step_schedulers(self, trainer: pl.Trainer) -> None:
-        for config in trainer.lr_scheduler_configs:
-            if not isinstance(config.scheduler, SampleSchedule):
+        for scheduler in self._schedulers(trainer):
+            if not isinstance(scheduler, SampleSchedule):
                 rank_zero_warn(
-                    f"ElasticDDPStrategy: {type(config.scheduler).__name__} counts steps, whose size changes "
-                    "with a "
+                    f"ElasticDDPStrategy: {type(scheduler).__name__} counts steps, whose size changes with a "
                     "resize, so its curve will not be continuous in samples seen; use "
                     "lightning_bandlimit.strategies.SampleSchedule for elastic runs"
                 )
@@ -430,89 +341,44 @@ class ElasticDDPStrategy(DDPStrategy):
         assert self.reference is not None and self.applied is not None and self.rule is not None
         accumulation = None if isinstance(self.rule, KeepGlobalBatch) else self._launched_accumulation
         target = self.rule.adjust(self.reference, self.world_size, damping, accumulation=accumulation)
-        ratio = target.lr / self.applied.lr
-        for opt in trainer.optimizers:
-            apply_to_optimizer(opt, self.applied, target)
-        for config in trainer.lr_scheduler_configs:
-            if hasattr(config.scheduler, "base_lrs"):
-                config.scheduler.base_lrs = [lr * ratio for lr in config.scheduler.base_lrs]
-                config.scheduler._last_lr = [g["lr"] for g in config.scheduler.optimizer.param_groups]
+        apply_config(trainer.optimizers, self._schedulers(trainer), self.applied, target)
         trainer.accumulate_grad_batches = target.accumulation
-        self._rewarm = (
-            (self.samples_seen, target.warmup_samples, 1.0 / ratio)
-            if target.warmup_samples and ratio > 1
-            else None
-        )
+        self._rewarm = Rewarm.after(target, target.lr / self.applied.lr, self.samples_seen)
         previous_world = self.applied.world_size
         self.applied = target
         self._log_resize(trainer, previous_world, target, damping)
 
     def _log_resize(self, trainer: pl.Trainer, previous: int, target: TrainingConfig, damping: float) -> None:
-        metrics = {
-            "ElasticDDPStrategy/world_size": float(self.world_size),
-            "ElasticDDPStrategy/previous_world_size": float(previous),
-            "ElasticDDPStrategy/global_batch": float(target.global_batch),
-            "ElasticDDPStrategy/lr": target.lr,
-            "ElasticDDPStrategy/accumulation": float(target.accumulation),
-            "ElasticDDPStrategy/damping": damping,
-        }
-        if target.momentum is not None:
-            metrics["ElasticDDPStrategy/momentum"] = target.momentum
-        if target.betas is not None:
-            metrics["ElasticDDPStrategy/beta1"] = target.betas[0]
-            metrics["ElasticDDPStrategy/beta2"] = target.betas[1]
-        _log_metrics(trainer, metrics)
+        _log_metrics(trainer, resize_metrics(previous, target, damping))
         rank_zero_info(
             f"ElasticDDPStrategy: world size {previous} -> {self.world_size} ({self.rule!r}, damping "
-            f"{damping:g}): "
-            f"global batch {target.global_batch}, lr {target.lr:.4g}, momentum {target.momentum}, betas "
-            f"{target.betas}, accumulation {target.accumulation}"
+            f"{damping:g}): global batch {target.global_batch}, lr {target.lr:.4g}, momentum "
+            f"{target.momentum}, betas {target.betas}, accumulation {target.accumulation}"
         )
 
     # ------------------------------------------------------------------ stability guard
 
-    def _take_snapshot(self, trainer: pl.Trainer) -> dict[str, Any]:
-        def to_cpu(obj: Any) -> Any:  # copies: state_dict tensors alias the live ones
-            return apply_to_collection(obj, torch.Tensor, lambda t: t.detach().to("cpu", copy=True))
-
-        return {
-            "model": to_cpu(self.lightning_module.state_dict()),
-            "optimizers": [to_cpu(opt.state_dict()) for opt in trainer.optimizers],
-            "schedulers": [to_cpu(c.scheduler.state_dict()) for c in trainer.lr_scheduler_configs],
-            "applied": self.applied,
-            "accumulation": trainer.accumulate_grad_batches,
-            "samples_seen": self.samples_seen,
-        }
-
     def _rollback(self, trainer: pl.Trainer) -> None:
         assert self._snapshot is not None and self.guard is not None
         snapshot = self._snapshot
-        self.lightning_module.load_state_dict(snapshot["model"])
-        for opt, state in zip(trainer.optimizers, snapshot["optimizers"]):
-            opt.load_state_dict(copy.deepcopy(state))
-        for opt in trainer.optimizers:
-            opt.zero_grad(set_to_none=True)
-        # The data consumed since the resize is not given back (its updates are discarded); the
-        # schedule moves on by it too, so that it stays in step with the data position.
-        for config, state in zip(trainer.lr_scheduler_configs, snapshot["schedulers"]):
-            config.scheduler.load_state_dict(copy.deepcopy(state))
-            if isinstance(config.scheduler, SampleSchedule):
-                config.scheduler.advance(self.samples_seen - snapshot["samples_seen"])
-        self.applied = snapshot["applied"]
-        trainer.accumulate_grad_batches = snapshot["accumulation"]
+        snapshot.restore(
+            self.lightning_module, trainer.optimizers, self._schedulers(trainer), self.samples_seen
+        )
+        self.applied = snapshot.applied
+        trainer.accumulate_grad_batches = snapshot.accumulation
         retry = len(self.rollbacks) + 1
         damping = self.guard.damping(retry)
-        event = {
-            "step": trainer.global_step,
-            "retry": retry,
-            "damping": damping,
-            "samples_seen": self.samples_seen,
-        }
-        self.rollbacks.append(event)
+        self.rollbacks.append(
+            {
+                "step": trainer.global_step,
+                "retry": retry,
+                "damping": damping,
+                "samples_seen": self.samples_seen,
+            }
+        )
         rank_zero_warn(
             f"ElasticDDPStrategy: the loss diverged after the resize {self.resized_from} -> "
-            f"{self.world_size}; rolled "
-            f"back to the state at the resize and retrying with damping {damping:g}"
+            f"{self.world_size}; rolled back to the state at the resize and retrying with damping {damping:g}"
             + (" (no rescaling)" if damping == 0 else "")
         )
         _log_metrics(trainer, {"ElasticDDPStrategy/rollback": float(retry)})
@@ -590,73 +456,50 @@ class ElasticDDPStrategy(DDPStrategy):
         )
         self._step_samples = 0
         trainer = self.lightning_module.trainer
-        for config in trainer.lr_scheduler_configs:
-            if isinstance(config.scheduler, SampleSchedule):
-                config.scheduler.advance(progress)
+        for scheduler in self._schedulers(trainer):
+            if isinstance(scheduler, SampleSchedule):
+                scheduler.advance(progress)
         if isinstance(self.rule, AdaScale) and trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
             metrics = {"ElasticDDPStrategy/gain": self.gain}
-            if self._noise.get("mu2", 0) > 0:
-                metrics["ElasticDDPStrategy/noise_scale"] = self._noise["trace"] / self._noise["mu2"]
+            noise = self._adascale.noise
+            if noise.get("mu2", 0) > 0:
+                metrics["ElasticDDPStrategy/noise_scale"] = noise["trace"] / noise["mu2"]
             _log_metrics(trainer, metrics)
         return output
 
     def _rewarm_factor(self) -> float:
         if self._rewarm is None:
             return 1.0
-        start, length, initial = self._rewarm
-        done = (self.samples_seen - start) / length
-        if done >= 1:
+        if self._rewarm.finished(self.samples_seen):
             self._rewarm = None
             return 1.0
-        return initial + (1.0 - initial) * done
+        return self._rewarm.factor(self.samples_seen)
 
     def _adascale_gain(self) -> float:
         """Update the gradient statistics from this backward and return the gain (1 unless AdaScale)."""
         if not isinstance(self.rule, AdaScale):
             return 1.0
-        assert self.reference is not None and self.applied is not None
+        assert self.reference is not None
+        batch = self._batch_size() * self.lightning_module.trainer.accumulate_grad_batches
         if self._norms is not None and self._norms.buckets:
-            local = self._norms.local_sq.to(self.root_device, torch.float64)
-            local = self.reduce(local, reduce_op="mean")
-            sigma2, mu2 = gradient_noise_statistics(
-                float(local), float(self._norms.global_sq), self.world_size
+            local = self.reduce(self._norms.local_sq.to(self.root_device, torch.float64), reduce_op="mean")
+            self._adascale.observe(
+                float(local), float(self._norms.global_sq), self.world_size, batch, self.rule.smoothing
             )
             self._norms.reset()
-            batch = self._batch_size() * self.lightning_module.trainer.accumulate_grad_batches
-            smoothing = self.rule.smoothing
-            for key, value in (("trace", sigma2 * batch), ("mu2", mu2)):
-                old = self._noise.get(key)
-                self._noise[key] = value if old is None else (1 - smoothing) * old + smoothing * value
-        scale = self.world_size * self._batch_size() * self.lightning_module.trainer.accumulate_grad_batches
-        scale /= self.reference.global_batch
-        if math.isclose(scale, 1.0):
-            self.gain = 1.0
-        elif "trace" not in self._noise:
-            self.gain = self._no_statistics(scale)
-        else:
-            self.gain = adascale_gain(
-                self._noise["trace"] / self.reference.global_batch, self._noise["mu2"], scale
-            )
-        return self.gain
+        return self._adascale.update(
+            self.world_size * batch / self.reference.global_batch, self.reference.global_batch
+        )
 
-    def _no_statistics(self, scale: float) -> float:
-        if not self._warned_no_statistics:
-            self._warned_no_statistics = True
-            rank_zero_warn(
-                "ElasticDDPStrategy: AdaScale has no gradient statistics yet (they need 2+ processes); "
-                f"training at scale {scale:g} with gain 1 until it has"
-            )
-        return 1.0
+    @property
+    def gain(self) -> float:
+        """AdaScale's last LR gain (1 for other rules)."""
+        return self._adascale.gain
 
 
 def _log_metrics(trainer: pl.Trainer, metrics: dict[str, float]) -> None:
     for logger in trainer.loggers:
         logger.log_metrics(metrics, step=trainer.global_step)
-
-
-def _config(saved: dict[str, Any]) -> TrainingConfig:
-    betas = saved.get("betas")
-    return TrainingConfig(**{**saved, "betas": None if betas is None else (float(betas[0]), float(betas[1]))})
 
 
 def register_elastic_strategies() -> None:
@@ -667,9 +510,9 @@ def register_elastic_strategies() -> None:
         >>> "elastic_ddp" in StrategyRegistry
         True
     """
-    if _KEY not in StrategyRegistry:
+    if CHECKPOINT_KEY not in StrategyRegistry:
         StrategyRegistry.register(
-            _KEY,
+            CHECKPOINT_KEY,
             ElasticDDPStrategy,
             description="DDP that rescales the optimizer by rule after a resize",
             start_method="popen",

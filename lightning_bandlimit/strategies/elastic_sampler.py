@@ -31,15 +31,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
+from lightning_bandlimit.utils.validation import check_int
+
 __all__ = ["ElasticSampler"]
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected {name} to be an int >= {minimum}, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"expected {name} >= {minimum}, got {value}")
-    return value
 
 
 class ElasticSampler(Sampler[int]):
@@ -105,17 +99,17 @@ class ElasticSampler(Sampler[int]):
             num_replicas = dist.get_world_size() if initialised else 1
         if rank is None:
             rank = dist.get_rank() if initialised else 0
-        self.dataset_size = _check_int("dataset_size", dataset_size, 0)
-        self.batch_size = _check_int("batch_size", batch_size, 1)
-        self.num_replicas = _check_int("num_replicas", num_replicas, 1)
-        _check_int("rank", rank, 0)
+        self.dataset_size = check_int("dataset_size", dataset_size, minimum=0)
+        self.batch_size = check_int("batch_size", batch_size, minimum=1)
+        self.num_replicas = check_int("num_replicas", num_replicas, minimum=1)
+        check_int("rank", rank, minimum=0)
         if rank >= num_replicas:
             raise ValueError(
                 f"expected rank in [0, {num_replicas}) for num_replicas={num_replicas}, got {rank}"
             )
         self.rank = rank
         self.shuffle = bool(shuffle)
-        self.seed = _check_int("seed", seed, -(2**63))
+        self.seed = check_int("seed", seed, minimum=-(2**63))
         self.epoch = 0
         self._consumed = 0
         self.full_epoch_len = bool(full_epoch_len)
@@ -149,7 +143,7 @@ class ElasticSampler(Sampler[int]):
             >>> sampler.set_epoch(1); sampler.consumed
             0
         """
-        _check_int("epoch", epoch, 0)
+        check_int("epoch", epoch, minimum=0)
         if epoch != self.epoch:
             self._consumed = 0
         self.epoch = epoch
@@ -175,7 +169,7 @@ class ElasticSampler(Sampler[int]):
             >>> sampler.advance(1); sampler.consumed  # capped at dataset_size
             10
         """
-        _check_int("steps", steps, 0)
+        check_int("steps", steps, minimum=0)
         self._consumed = min(self.dataset_size, self._consumed + steps * self.global_batch)
 
     def state_dict(self) -> dict[str, Any]:
@@ -219,10 +213,10 @@ class ElasticSampler(Sampler[int]):
             mine, theirs = getattr(self, key), state[key]
             if mine != theirs:
                 raise ValueError(f"{key} mismatch: this sampler has {mine!r}, the state has {theirs!r}")
-        epoch = _check_int("epoch", state["epoch"], 0)
-        consumed = _check_int("consumed", state["consumed"], 0)
+        epoch = check_int("epoch", state["epoch"], minimum=0)
+        consumed = check_int("consumed", state["consumed"], minimum=0)
         if consumed > self.dataset_size:
-            raise ValueError(f"expected consumed <= dataset_size={self.dataset_size}, got {consumed}")
+            raise ValueError(f"consumed must be <= dataset_size={self.dataset_size}, got {consumed}")
         self.epoch, self._consumed = epoch, consumed
 
     def permutation(self) -> list[int]:

@@ -29,8 +29,11 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
+
+from lightning_bandlimit.utils.validation import check_choice
 
 __all__ = [
     "AdaScale",
@@ -46,6 +49,8 @@ __all__ = [
     "default_rule",
     "gradient_noise_statistics",
     "read_optimizer",
+    "rule_from_name",
+    "rule_names",
 ]
 
 
@@ -348,6 +353,38 @@ class AdaScale(NoScaling):
         if not 0 < smoothing <= 1:
             raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
         self.smoothing = smoothing
+
+
+def _registry() -> dict[str, type[ScalingRule]]:
+    rules = (NoScaling, LinearScaling, KeepGlobalBatch, MomentumAwareScaling, AdaScale, SquareRootScaling)
+    return {rule.name: rule for rule in rules}
+
+
+def rule_names() -> tuple[str, ...]:
+    """The :attr:`ScalingRule.name` of every rule this module defines.
+
+    Example:
+        >>> rule_names()
+        ('none', 'linear', 'keep-global-batch', 'momentum', 'adascale', 'sqrt')
+    """
+    return tuple(_registry())
+
+
+def rule_from_name(name: str, **kwargs: Any) -> ScalingRule:
+    """The rule whose :attr:`ScalingRule.name` is ``name``, constructed with ``kwargs``.
+
+    Args:
+        name: one of :func:`rule_names`.
+        **kwargs: the rule's arguments (e.g. ``warmup_steps`` for ``"linear"``).
+
+    Raises:
+        ValueError: for an unknown name.
+
+    Example:
+        >>> rule_from_name("linear", warmup_steps=0)
+        LinearScaling()
+    """
+    return _registry()[check_choice("rule", name, rule_names())](**kwargs)
 
 
 def default_rule(optimizer: torch.optim.Optimizer) -> ScalingRule:

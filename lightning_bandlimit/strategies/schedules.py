@@ -23,27 +23,25 @@ import torch
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
+from lightning_bandlimit.strategies._lightning import set_scheduler_last_lr
+from lightning_bandlimit.utils.validation import check_choice, check_real
+
 __all__ = ["KINDS", "SampleSchedule", "lr_multiplier", "rescale_base_lrs"]
 
 KINDS = ("cosine", "linear", "constant")
 
 
 def _check_schedule(total: float, warmup: float, kind: str, min_lr_ratio: float) -> None:
-    if not (math.isfinite(total) and total > 0):
-        raise ValueError(f"expected total_samples > 0, got {total}")
-    if not (math.isfinite(warmup) and 0 <= warmup <= total):
-        raise ValueError(f"expected 0 <= warmup_samples <= total_samples={total}, got {warmup}")
-    if kind not in KINDS:
-        raise ValueError(f"expected kind in {KINDS}, got {kind!r}")
-    if not 0.0 <= min_lr_ratio <= 1.0:
-        raise ValueError(f"expected min_lr_ratio in [0, 1], got {min_lr_ratio}")
+    check_real("total_samples", total, minimum=0, min_open=True)
+    check_real("warmup_samples", warmup, minimum=0)
+    if warmup > total:
+        raise ValueError(f"warmup_samples must be <= total_samples={total}, got {warmup}")
+    check_choice("kind", kind, KINDS)
+    check_real("min_lr_ratio", min_lr_ratio, minimum=0, maximum=1)
 
 
 def _check_progress(name: str, value: float) -> float:
-    value = float(value)
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"expected {name} to be finite and >= 0, got {value}")
-    return value
+    return check_real(name, float(value), minimum=0)  # float(): tensors and NumPy scalars too
 
 
 def lr_multiplier(
@@ -204,7 +202,7 @@ class SampleSchedule(LRScheduler):
         """Write :meth:`get_lr` into the optimizer's groups without counting a ``step()``."""
         for group, lr in zip(self.optimizer.param_groups, self.get_lr(), strict=True):
             _set_lr(group, lr)
-        self._last_lr = _current_lrs(self.optimizer)
+        set_scheduler_last_lr(self, _current_lrs(self.optimizer))
 
 
 def _set_lr(group: dict[str, Any], lr: Any, key: str = "lr") -> None:
@@ -218,7 +216,7 @@ def _current_lrs(optimizer: Optimizer) -> list[Any]:
     return [g["lr"].clone() if isinstance(g["lr"], torch.Tensor) else g["lr"] for g in optimizer.param_groups]
 
 
-def rescale_base_lrs(scheduler: LRScheduler, factor: float) -> None:
+def rescale_base_lrs(scheduler: LRScheduler, factor: float, *, groups: bool = True) -> None:
     """Multiply every group's base LR, ``initial_lr`` and current LR by ``factor``.
 
     For a scheduler that computes its LRs from ``base_lrs`` in closed form (such as
@@ -229,6 +227,8 @@ def rescale_base_lrs(scheduler: LRScheduler, factor: float) -> None:
     Args:
         scheduler: the scheduler whose optimizer's groups are rescaled.
         factor: the scale, finite and ``> 0``.
+        groups: also rescale the optimizer's groups (``lr``, ``initial_lr``); ``False`` for a
+            second scheduler of an optimizer whose groups were rescaled already.
 
     Raises:
         ValueError: if ``factor`` is not finite and positive.
@@ -240,12 +240,11 @@ def rescale_base_lrs(scheduler: LRScheduler, factor: float) -> None:
         >>> round(sched.base_lrs[0], 6), round(opt.param_groups[0]["lr"], 6)
         (0.2, 0.1)
     """
-    factor = float(factor)
-    if not (math.isfinite(factor) and factor > 0):
-        raise ValueError(f"expected factor finite and > 0, got {factor}")
+    factor = check_real("factor", float(factor), minimum=0, min_open=True)
     scheduler.base_lrs = [base * factor for base in scheduler.base_lrs]
-    for group in scheduler.optimizer.param_groups:
-        _set_lr(group, group["lr"] * factor)
-        if "initial_lr" in group:
-            _set_lr(group, group["initial_lr"] * factor, key="initial_lr")
-    scheduler._last_lr = _current_lrs(scheduler.optimizer)
+    if groups:
+        for group in scheduler.optimizer.param_groups:
+            _set_lr(group, group["lr"] * factor)
+            if "initial_lr" in group:
+                _set_lr(group, group["initial_lr"] * factor, key="initial_lr")
+    set_scheduler_last_lr(scheduler, _current_lrs(scheduler.optimizer))

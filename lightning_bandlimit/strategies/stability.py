@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from lightning_bandlimit.utils.validation import check_int, check_real
+
 __all__ = ["StabilityGuard"]
 
 
@@ -64,24 +66,15 @@ class StabilityGuard:
         max_retries: int = 2,
         damping_factor: float = 0.5,
     ) -> None:
-        for name, value, minimum in (
-            ("window", window, 1),
-            ("history", history, 1),
-            ("patience", patience, 1),
-        ):
-            if not isinstance(value, int) or value < minimum:
-                raise ValueError(f"expected {name} to be an int >= {minimum}, got {value!r}")
+        check_int("window", window, minimum=1)
+        check_int("history", history, minimum=1)
+        check_int("patience", patience, minimum=1)
         if patience > window:
-            raise ValueError(f"expected patience <= window={window}, got {patience}")
-        if not tolerance > 1:
-            raise ValueError(f"expected tolerance > 1, got {tolerance}")
-        if not spread >= 0:
-            raise ValueError(f"expected spread >= 0, got {spread}")
-        self.spread = float(spread)
-        if not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError(f"expected max_retries to be an int >= 0, got {max_retries!r}")
-        if not 0 < damping_factor < 1:
-            raise ValueError(f"expected damping_factor in (0, 1), got {damping_factor}")
+            raise ValueError(f"patience must be <= window={window}, got {patience}")
+        check_real("tolerance", tolerance, minimum=1, min_open=True)
+        self.spread = check_real("spread", spread, minimum=0)
+        check_int("max_retries", max_retries, minimum=0)
+        check_real("damping_factor", damping_factor, minimum=0, maximum=1, min_open=True, max_open=True)
         self.window, self.patience, self.tolerance = window, patience, float(tolerance)
         self.max_retries, self.damping_factor = max_retries, float(damping_factor)
         self.trend: deque[float] = deque(maxlen=history)

@@ -197,9 +197,9 @@ def _save(obj: object) -> object:
         ({"dataset_size": 31}, "dataset_size mismatch: this sampler has 30, the state has 31"),
         ({"seed": 12}, "seed mismatch: this sampler has 0, the state has 12"),
         ({"shuffle": False}, "shuffle mismatch: this sampler has True, the state has False"),
-        ({"consumed": 31}, "consumed <= dataset_size=30, got 31"),
-        ({"consumed": -1}, "consumed >= 0, got -1"),
-        ({"epoch": -2}, "epoch >= 0, got -2"),
+        ({"consumed": 31}, "consumed must be <= dataset_size=30, got 31"),
+        ({"consumed": -1}, "consumed must be >= 0, got -1"),
+        ({"epoch": -2}, "epoch must be >= 0, got -2"),
     ],
 )
 def test_load_state_dict_rejects_mismatch(change: dict, message: str) -> None:
@@ -214,11 +214,11 @@ def test_load_state_dict_rejects_mismatch(change: dict, message: str) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"dataset_size": -1}, "dataset_size >= 0, got -1"),
-        ({"batch_size": 0}, "batch_size >= 1, got 0"),
-        ({"num_replicas": 0}, "num_replicas >= 1, got 0"),
+        ({"dataset_size": -1}, "dataset_size must be >= 0, got -1"),
+        ({"batch_size": 0}, "batch_size must be >= 1, got 0"),
+        ({"num_replicas": 0}, "num_replicas must be >= 1, got 0"),
         ({"rank": 2, "num_replicas": 2}, r"rank in \[0, 2\) for num_replicas=2, got 2"),
-        ({"rank": -1}, "rank >= 0, got -1"),
+        ({"rank": -1}, "rank must be >= 0, got -1"),
     ],
 )
 def test_constructor_validation(kwargs: dict, message: str) -> None:
@@ -230,15 +230,15 @@ def test_constructor_validation(kwargs: dict, message: str) -> None:
 @pytest.mark.parametrize("kwargs", [{"batch_size": 2.0}, {"dataset_size": True}, {"rank": "0"}])
 def test_constructor_rejects_non_integers(kwargs: dict) -> None:
     args = {"dataset_size": 10, "batch_size": 2, "num_replicas": 1, "rank": 0, **kwargs}
-    with pytest.raises(TypeError, match=f"expected {next(iter(kwargs))} to be an int"):
+    with pytest.raises(TypeError, match=f"{next(iter(kwargs))} must be an int"):
         ElasticSampler(args.pop("dataset_size"), args.pop("batch_size"), **args)
 
 
 def test_advance_and_set_epoch_reject_negatives() -> None:
     sampler = ElasticSampler(10, 2, num_replicas=1, rank=0)
-    with pytest.raises(ValueError, match="steps >= 0, got -1"):
+    with pytest.raises(ValueError, match="steps must be >= 0, got -1"):
         sampler.advance(-1)
-    with pytest.raises(ValueError, match="epoch >= 0, got -1"):
+    with pytest.raises(ValueError, match="epoch must be >= 0, got -1"):
         sampler.set_epoch(-1)
 
 

@@ -73,5 +73,5 @@ def test_damping_schedule_and_state_round_trip() -> None:
     ],
 )
 def test_argument_checks(kwargs: dict) -> None:
-    with pytest.raises(ValueError, match="expected"):
+    with pytest.raises(ValueError, match="must be"):
         StabilityGuard(**kwargs)

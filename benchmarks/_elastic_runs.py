@@ -1,0 +1,203 @@
+"""The elastic benchmark's parent side: the plan of runs, and launching each phase in a fresh process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _elastic_common import ADAM_RULES, REPO_ROOT, SCHEDULES, SGD_RULES, library_fingerprint
+
+
+def render_data(seed: int, train_size: int, val_size: int, path: Path) -> None:
+    """Render the training and validation images of ``seed`` once, for all launches."""
+    import torch
+
+    from lightning_bandlimit.data.synthetic import SyntheticImages
+
+    torch.set_num_threads(1)  # tiny FFTs: more threads only contend on a loaded machine
+
+    def stack(size: int, split: str) -> torch.Tensor:
+        data = SyntheticImages(size, seed, split, cache=False)
+        return torch.stack([data[i][0] for i in range(size)]) if size else torch.empty(0, 3, 32, 32)
+
+    torch.save({"train": stack(train_size, "train"), "val": stack(val_size, "val")}, path)
+
+
+def launch(cfg: dict[str, Any], log: Path, library: Path) -> tuple[dict[str, Any], float]:
+    """Run one phase in a fresh process on the library snapshot; return rank 0's record and the wall time."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(library), os.environ.get("PYTHONPATH")])),
+    }
+    env.pop("MASTER_PORT", None)
+    start = time.perf_counter()
+    with log.open("w") as handle:
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).with_name("elastic.py")), "--worker", json.dumps(cfg)],
+            check=False,
+            cwd=log.parent,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=900,
+        )
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        tail = log.read_text()[-4000:]
+        raise RuntimeError(f"launch failed (exit {done.returncode}), log {log}:\n{tail}")
+    return json.loads(Path(cfg["out"]).read_text()), wall
+
+
+def phase_ends(total: int, quantum: int) -> tuple[int, int]:
+    """The thirds of the budget, rounded to a multiple of the largest global batch."""
+    first = max(quantum, round(total / 3 / quantum) * quantum)
+    second = max(first + quantum, round(2 * total / 3 / quantum) * quantum)
+    if second >= total:
+        raise ValueError(f"budget of {total} samples too small for three phases of multiples of {quantum}")
+    return first, second
+
+
+def check_exactly_once(index_files: list[Path], epochs: int, train_size: int) -> bool:
+    per_epoch: dict[str, list[int]] = {}
+    for path in index_files:
+        for epoch, indices in json.loads(path.read_text()).items():
+            per_epoch.setdefault(epoch, []).extend(indices)
+    expected = list(range(train_size))
+    return sorted(per_epoch) == sorted(str(e) for e in range(epochs)) and all(
+        sorted(indices) == expected for indices in per_epoch.values()
+    )
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        self.args, self.workdir = args, workdir
+        self.total = args.epochs * args.train_size
+        quantum = args.batch * max(d * a for phases in SCHEDULES.values() for d, a in phases)
+        self.ends = phase_ends(self.total, quantum)
+        self._first: dict[tuple[str, int], dict[str, Any]] = {}
+        # A private copy of the package, taken now: the working tree may change under a long run.
+        self.snapshot = workdir / "lib"
+        shutil.copytree(
+            REPO_ROOT / "lightning_bandlimit",
+            self.snapshot / "lightning_bandlimit",
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        )
+        self.library = library_fingerprint(self.snapshot / "lightning_bandlimit")
+
+    def launch(self, cfg: dict[str, Any], log: Path) -> tuple[dict[str, Any], float]:
+        record, wall = launch(cfg, log, self.snapshot)
+        if record["library"] != self.library:
+            raise RuntimeError(
+                f"a launch ran other library sources ({record['library_path']}, fingerprint "
+                f"{record['library']}) "
+                f"than the snapshot ({self.library})"
+            )
+        return record, wall
+
+    def base_cfg(
+        self, optimizer: str, rule: str, seed: int, devices: int, accumulation: int, out: Path
+    ) -> dict[str, Any]:
+        a = self.args
+        return {
+            "optimizer": optimizer,
+            "rule": rule,
+            "seed": seed,
+            "devices": devices,
+            "accumulation": accumulation,
+            "epochs": a.epochs,
+            "train_size": a.train_size,
+            "val_size": a.val_size,
+            "batch": a.batch,
+            "width": a.width,
+            "lr": a.lr_sgd if optimizer == "sgd" else a.lr_adamw,
+            "data": str(self.workdir / f"data-seed{seed}.pt"),
+            "out": str(out),
+        }
+
+    def first_phase(self, optimizer: str, seed: int) -> dict[str, Any]:
+        """Phase 1 (1 process, rule-independent): run once per optimizer and seed."""
+        key = (optimizer, seed)
+        if key not in self._first:
+            folder = self.workdir / f"{optimizer}-seed{seed}-phase1"
+            folder.mkdir()
+            cfg = self.base_cfg(optimizer, "none", seed, 1, 1, folder / "phase1.json")
+            cfg.update(phase_end=self.ends[0], save=str(folder / "phase1.ckpt"))
+            record, wall = self.launch(cfg, folder / "phase1.log")
+            self._first[key] = {
+                "record": {**record, "wall_s": wall},
+                "ckpt": cfg["save"],
+                "indices": sorted(folder.glob("phase1-indices-rank*.json")),
+            }
+        return self._first[key]
+
+    def run(self, optimizer: str, schedule: str, rule: str, seed: int) -> dict[str, Any]:
+        folder = self.workdir / f"{optimizer}-{schedule}-{rule}-seed{seed}"
+        folder.mkdir()
+        phases: list[dict[str, Any]] = []
+        index_files: list[Path] = []
+        if schedule == "fixed":
+            cfg = self.base_cfg(optimizer, rule, seed, 1, 1, folder / "phase1.json")
+            cfg["validate"] = True
+            record, wall = self.launch(cfg, folder / "phase1.log")
+            phases.append({**record, "wall_s": wall})
+        else:
+            first = self.first_phase(optimizer, seed)
+            phases.append({**first["record"], "shared": True})
+            index_files += first["indices"]
+            resume = first["ckpt"]
+            for number, (devices, accumulation) in enumerate(SCHEDULES[schedule][1:], start=2):
+                cfg = self.base_cfg(
+                    optimizer, rule, seed, devices, accumulation, folder / f"phase{number}.json"
+                )
+                cfg["resume"] = resume
+                if number < len(SCHEDULES[schedule]):
+                    cfg.update(phase_end=self.ends[number - 1], save=str(folder / f"phase{number}.ckpt"))
+                    resume = cfg["save"]
+                else:
+                    cfg["validate"] = True
+                record, wall = self.launch(cfg, folder / f"phase{number}.log")
+                phases.append({**record, "wall_s": wall})
+        index_files += sorted(folder.glob("phase*-indices-rank*.json"))
+        final = phases[-1]
+        if final["samples_seen"] != self.total:
+            raise RuntimeError(f"{folder.name}: {final['samples_seen']} samples seen, planned {self.total}")
+        exactly_once = check_exactly_once(index_files, self.args.epochs, self.args.train_size)
+        if not exactly_once:
+            raise RuntimeError(
+                f"{folder.name}: the phases did not see each training sample exactly once per epoch"
+            )
+        return {
+            "optimizer": optimizer,
+            "schedule": schedule,
+            "rule": rule,
+            "seed": seed,
+            "val_acc": final["val_acc"],
+            "val_loss": final["val_loss"],
+            "samples_seen": final["samples_seen"],
+            "exactly_once": exactly_once,
+            "wall_s": sum(p["wall_s"] for p in phases),
+            "fit_s": sum(p["fit_s"] for p in phases),
+            "rollbacks": sum(len(p["rollbacks"]) for p in phases),
+            "phases": phases,
+        }
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    runs: list[tuple[str, str, str]] = []
+    for optimizer in args.optimizers:
+        allowed = SGD_RULES if optimizer == "sgd" else ADAM_RULES
+        rules = [r for r in args.rules if r in allowed]
+        if not rules:
+            continue
+        runs.append((optimizer, "fixed", "none"))
+        if "1-1-1" in args.schedules:  # the restart control: no resize, so no rule applies
+            runs.append((optimizer, "1-1-1", "none"))
+        runs += [(optimizer, s, r) for s in args.schedules if s != "1-1-1" for r in rules]
+    return runs

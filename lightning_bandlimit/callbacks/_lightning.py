@@ -1,0 +1,74 @@
+"""The one place where the callbacks touch private Lightning state (``ModelCheckpoint``'s internals).
+
+:func:`check_lightning_shapes` checks that the installed Lightning still has what these
+functions rely on (the tests call it, and ``ElasticCheckpoint.setup`` does once), so a Lightning
+upgrade that changes them fails with a message naming the attribute.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import lightning
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+__all__ = ["LastCheckpointHook", "check_lightning_shapes", "last_saved_step", "save_last_checkpoint"]
+
+
+def _shape_error(attribute: str) -> RuntimeError:
+    return RuntimeError(
+        f"lightning_bandlimit.callbacks relies on {attribute}, which the installed lightning "
+        f"{lightning.__version__} does not have as expected; install a lightning version in the range "
+        "pyproject.toml pins"
+    )
+
+
+def _method_parameters(name: str) -> list[str] | None:
+    method = vars(ModelCheckpoint).get(name)
+    return list(inspect.signature(method).parameters) if callable(method) else None
+
+
+@functools.cache
+def check_lightning_shapes() -> None:
+    """Check the private ``ModelCheckpoint`` attributes this module relies on (once per process).
+
+    Raises:
+        RuntimeError: naming the first attribute missing or changed, with the installed
+            Lightning version.
+
+    Example:
+        >>> check_lightning_shapes()
+    """
+    if _method_parameters("_find_last_checkpoints") != ["self", "trainer"]:
+        raise _shape_error("ModelCheckpoint._find_last_checkpoints(trainer)")
+    if _method_parameters("_monitor_candidates") != ["self", "trainer"]:
+        raise _shape_error("ModelCheckpoint._monitor_candidates(trainer)")
+    if _method_parameters("_save_last_checkpoint") != ["self", "trainer", "monitor_candidates"]:
+        raise _shape_error("ModelCheckpoint._save_last_checkpoint(trainer, monitor_candidates)")
+    if not isinstance(getattr(ModelCheckpoint(), "_last_global_step_saved", None), int):
+        raise _shape_error("ModelCheckpoint._last_global_step_saved")
+
+
+class LastCheckpointHook:
+    """Mixin for a ``ModelCheckpoint``: :meth:`before_finding_last` runs before Lightning looks
+    for the newest ``last`` checkpoint (its private ``_find_last_checkpoints``, which
+    ``ckpt_path="last"`` calls before any callback's ``setup``)."""
+
+    def before_finding_last(self, trainer: pl.Trainer) -> None:
+        """Prepare the callback for the search (nothing by default)."""
+
+    def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
+        self.before_finding_last(trainer)
+        return super()._find_last_checkpoints(trainer)  # type: ignore[misc]
+
+
+def last_saved_step(callback: ModelCheckpoint) -> int:
+    """The global step at which ``callback`` last saved a checkpoint (0 before any)."""
+    return callback._last_global_step_saved
+
+
+def save_last_checkpoint(callback: ModelCheckpoint, trainer: pl.Trainer) -> None:
+    """Save ``callback``'s ``last`` checkpoint now, as it does at a regular save."""
+    callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))

@@ -1,0 +1,117 @@
+"""The one place where the strategies touch private Lightning and torch state.
+
+Each function is named for what the strategy needs; :func:`check_lightning_shapes` checks that
+the installed Lightning and torch still have the attributes these functions rely on (the tests
+call it, and ``ElasticDDPStrategy.setup`` does once), so a Lightning upgrade that changes them
+fails with a message naming the attribute instead of silently mis-counting an epoch.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from typing import Any
+
+import lightning
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.utilities import data as lightning_data
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader, Sampler
+
+__all__ = [
+    "LauncherHook",
+    "check_lightning_shapes",
+    "loader_with_sampler",
+    "set_batches_done_this_epoch",
+    "set_scheduler_last_lr",
+]
+
+_PROGRESS_FIELDS = ("ready", "started", "processed", "completed")
+
+
+def _private(module: str, name: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        raise _shape_error(f"{module}.{name}") from None
+
+
+def _shape_error(attribute: str) -> RuntimeError:
+    return RuntimeError(
+        f"lightning_bandlimit.strategies relies on {attribute}, which the installed lightning "
+        f"{lightning.__version__} (torch {torch.__version__}) does not have as expected; "
+        "install a lightning version in the range pyproject.toml pins"
+    )
+
+
+@functools.cache
+def check_lightning_shapes() -> None:
+    """Check the private Lightning / torch attributes this module relies on (once per process).
+
+    Raises:
+        RuntimeError: naming the first attribute missing or changed, with the installed
+            Lightning version.
+
+    Example:
+        >>> check_lightning_shapes()
+    """
+    if not callable(vars(DDPStrategy).get("_configure_launcher")):
+        raise _shape_error("DDPStrategy._configure_launcher()")
+    update = _private("lightning.pytorch.utilities.data", "_update_dataloader")
+    if list(inspect.signature(update).parameters)[:3] != ["dataloader", "sampler", "mode"]:
+        raise _shape_error("lightning.pytorch.utilities.data._update_dataloader(dataloader, sampler, mode)")
+    epoch_loop = _private("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop")
+    if not isinstance(getattr(epoch_loop, "restarted_on_train_batch_end", None), property):
+        raise _shape_error("the property _TrainingEpochLoop.restarted_on_train_batch_end")
+    current = getattr(_private("lightning.pytorch.loops.progress", "_BatchProgress")(), "current", None)
+    if current is None or not all(isinstance(getattr(current, f, None), int) for f in _PROGRESS_FIELDS):
+        raise _shape_error(f"_TrainingEpochLoop.batch_progress.current.{{{', '.join(_PROGRESS_FIELDS)}}}")
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.5)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    if getattr(scheduler, "_last_lr", None) != [0.5] or scheduler.get_last_lr() != [0.5]:
+        raise _shape_error("LRScheduler._last_lr (what get_last_lr() returns)")
+
+
+class LauncherHook:
+    """Mixin for a Lightning strategy: :meth:`before_launcher` runs right before Lightning
+    configures the launcher (its private ``Strategy._configure_launcher``, called once the
+    cluster environment and the process counts are known)."""
+
+    def before_launcher(self) -> None:
+        """Adjust the strategy before its launcher is configured (nothing by default)."""
+
+    def _configure_launcher(self) -> None:
+        self.before_launcher()
+        super()._configure_launcher()  # type: ignore[misc]
+
+
+def loader_with_sampler(dataloader: DataLoader, sampler: Sampler) -> DataLoader:
+    """A copy of a training ``dataloader`` (of any ``DataLoader`` subclass) drawing from ``sampler``.
+
+    Lightning's private ``_update_dataloader`` re-instantiates the loader with its original
+    arguments, as Lightning does when it injects a ``DistributedSampler``.
+    """
+    return lightning_data._update_dataloader(dataloader, sampler, mode=RunningStage.TRAINING)
+
+
+def set_batches_done_this_epoch(trainer: pl.Trainer, done: int) -> None:
+    """Make the fit loop believe ``done`` batches of the current (resumed) epoch are finished.
+
+    Call it from ``on_train_start`` of a resumed run: Lightning's epoch loop then adds one
+    completed batch when the checkpoint was written at a batch's end, and sets its ready /
+    started / processed / completed counters to that.
+    """
+    epoch_loop = trainer.fit_loop.epoch_loop
+    current = epoch_loop.batch_progress.current
+    completed = done - 1 if epoch_loop.restarted_on_train_batch_end else done
+    current.ready = current.started = current.processed = current.completed = completed
+
+
+def set_scheduler_last_lr(scheduler: LRScheduler, last_lr: list[Any]) -> None:
+    """Set what ``scheduler.get_last_lr()`` returns (torch keeps it in the private ``_last_lr``),
+    for a scheduler that changed its optimizer's LRs outside ``step()``."""
+    scheduler._last_lr = last_lr

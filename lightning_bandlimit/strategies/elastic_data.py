@@ -1,0 +1,113 @@
+"""The elastic strategy's training data: an :class:`ElasticSampler` in place of the loader's sampler.
+
+:func:`elastic_sampler_for` picks the sampler that keeps the loader's order (shuffled or not,
+its seed) while making the data position resumable at any world size;
+:func:`batches_done_this_epoch` says how many batches of the resumed epoch count as finished at
+the new size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
+
+from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
+
+__all__ = ["batches_done_this_epoch", "elastic_sampler_for", "restore_position"]
+
+
+def elastic_sampler_for(dataloader: object, world_size: int, rank: int, seed: int | None) -> ElasticSampler:
+    """The :class:`ElasticSampler` to train ``dataloader`` with on this rank.
+
+    Args:
+        dataloader: the training loader as Lightning prepared it.
+        world_size: the number of processes.
+        rank: this process's global rank.
+        seed: the permutation seed; ``None``: a ``DistributedSampler``'s own seed, else 0.
+
+    Raises:
+        ValueError: for anything but a ``DataLoader`` over a map-style dataset with a
+            ``batch_size`` and a random, sequential or distributed sampler.
+
+    Example:
+        >>> loader = DataLoader(list(range(10)), batch_size=2, shuffle=True)
+        >>> sampler = elastic_sampler_for(loader, world_size=2, rank=1, seed=None)
+        >>> sampler.shuffle, sampler.seed, len(sampler)
+        (True, 0, 5)
+    """
+    if not isinstance(dataloader, DataLoader):
+        raise ValueError(
+            f"ElasticDDPStrategy needs a torch DataLoader for training to keep the data position, got "
+            f"{type(dataloader).__name__}"
+        )
+    if isinstance(dataloader.dataset, IterableDataset):
+        raise ValueError(
+            "ElasticDDPStrategy needs a map-style dataset (with __len__) to keep the data position, got "
+            "an IterableDataset"
+        )
+    if dataloader.batch_size is None:
+        raise ValueError(
+            "ElasticDDPStrategy needs DataLoader(batch_size=...) for training, not a custom batch_sampler"
+        )
+    original = dataloader.sampler
+    chosen = seed if seed is not None else 0
+    if type(original) is DistributedSampler:
+        shuffle = original.shuffle
+        chosen = original.seed if seed is None else seed
+    elif isinstance(original, (RandomSampler, ElasticSampler)):
+        shuffle = True if isinstance(original, RandomSampler) else original.shuffle
+    elif isinstance(original, SequentialSampler):
+        shuffle = False
+    else:
+        raise ValueError(
+            f"ElasticDDPStrategy replaces the training sampler to keep the data position across resizes; "
+            "it can replace RandomSampler, SequentialSampler or DistributedSampler, got "
+            f"{type(original).__name__}"
+        )
+    return ElasticSampler(
+        len(dataloader.dataset),  # type: ignore[arg-type]
+        dataloader.batch_size,
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=shuffle,
+        seed=chosen,
+        full_epoch_len=True,
+    )
+
+
+def batches_done_this_epoch(sampler: ElasticSampler) -> int:
+    """The batches of the current epoch a training loop must count as done at this world size.
+
+    The loader's length is this rank's whole epoch at the current size (``full_epoch_len``) but
+    it yields only what is left, so the loop must believe exactly ``whole - left`` batches are
+    done, or it ends the epoch early or late.
+
+    Example:
+        >>> sampler = ElasticSampler(10, batch_size=2, num_replicas=1, rank=0, full_epoch_len=True)
+        >>> sampler.advance(2)
+        >>> batches_done_this_epoch(sampler)
+        2
+    """
+    batch = sampler.batch_size
+    return math.ceil(sampler.remaining(0) / batch) - math.ceil(sampler.remaining() / batch)
+
+
+def restore_position(sampler: ElasticSampler, state: Mapping[str, Any] | None, path: str | None) -> None:
+    """Load a saved data position (``None``: start of the run) into a new training sampler.
+
+    Raises:
+        ValueError: if ``state`` was saved with a different training set (size, seed, shuffling),
+            naming the checkpoint ``path``.
+    """
+    if state is None:
+        return
+    try:
+        sampler.load_state_dict(state)
+    except ValueError as error:
+        raise ValueError(
+            f"ElasticDDPStrategy: the checkpoint {path} saved a data position in a different training set "
+            f"({error}); resume with the same dataset and shuffling, or start a new run in another directory"
+        ) from None
