@@ -5,29 +5,58 @@ and LightningDataModule (by ``class_path`` or, for ours, by short name:
 ``--model ImageClassifier --data SyntheticImageDataModule``). ``--config`` takes a file or the
 name of a packaged recipe; ``lightning-bandlimit recipes`` lists them.
 ``lightning-bandlimit robustness ...`` runs :mod:`lightning_bandlimit.recipes.robustness`.
+
+A bad value on the command line (unparsable, rejected by a class's own checks while the
+classes are built, or a missing file met during the run) ends in one line
+``lightning-bandlimit: error: ...`` and exit status 2; any other error during the run keeps its
+traceback. ``JSONARGPARSE_DEBUG=true`` shows the traceback of a bad value too.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import sys
+from argparse import ArgumentError
+from typing import Any
 
-from lightning.pytorch.cli import LightningCLI
+import lightning.pytorch as pl
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 # Imported so that jsonargparse resolves their short names.
 import lightning_bandlimit.callbacks  # noqa: F401
 import lightning_bandlimit.data  # noqa: F401
 import lightning_bandlimit.models  # noqa: F401
 import lightning_bandlimit.strategies  # noqa: F401  (registers "elastic_ddp")
-from lightning_bandlimit.recipe_files import RECIPES_DIR, recipe_path, recipes, resolve_config_args
+from lightning_bandlimit.recipe_files import (
+    RECIPES_DIR,
+    RecipeConfigFile,
+    recipe_path,
+    recipes,
+    resolve_config_args,
+)
 
-__all__ = ["RECIPES_DIR", "BandLimitCLI", "main", "recipe_path", "recipes", "resolve_config_args"]
+__all__ = [
+    "RECIPES_DIR",
+    "BandLimitCLI",
+    "main",
+    "one_line_error",
+    "recipe_path",
+    "recipes",
+    "resolve_config_args",
+]
+
+PROG = "lightning-bandlimit"
 
 
 class BandLimitCLI(LightningCLI):
     """LightningCLI for any LightningModule / LightningDataModule, saving the config per run.
 
+    ``--config`` takes a file or a packaged recipe's name (:class:`RecipeConfigFile`).
+
     Args:
-        args: command-line arguments (default ``sys.argv[1:]``); recipe names are resolved.
+        args: command-line arguments (default ``sys.argv[1:]``).
         **kwargs: passed to ``LightningCLI`` (e.g. ``run=False``).
 
     Raises:
@@ -39,13 +68,104 @@ class BandLimitCLI(LightningCLI):
         ('ImageClassifier', 'SyntheticImageDataModule')
     """
 
-    def __init__(self, args: list[str] | None = None, **kwargs: object) -> None:
+    def __init__(self, args: Any = None, **kwargs: Any) -> None:
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        if args is None:  # from the command line: resolve recipe names in place
-            sys.argv[1:] = resolve_config_args(sys.argv[1:])
-            super().__init__(**kwargs)  # type: ignore[arg-type]
-        else:
-            super().__init__(args=resolve_config_args(list(args)), **kwargs)  # type: ignore[arg-type]
+        super().__init__(args=args, **kwargs)
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """LightningCLI's parser, with ``-c/--config`` resolving recipe names."""
+        kwargs.setdefault("dump_header", [f"lightning.pytorch=={pl.__version__}"])
+        parser = self.parser_class(**kwargs)
+        parser.add_argument(
+            "-c",
+            "--config",
+            action=RecipeConfigFile,
+            help="Path to a configuration file in json or yaml format, or a packaged recipe's name "
+            f"({', '.join(recipes())}).",
+        )
+        return parser
+
+
+class _UsageError(Exception):
+    """A bad value given on the command line; its message is one line."""
+
+
+# Raised by the user's classes' own argument checks (and by Lightning's Trainer for a bad setting).
+_BAD_VALUE_ERRORS = (ValueError, TypeError, OSError, MisconfigurationException)
+
+
+class _CommandLineCLI(BandLimitCLI):
+    """:class:`BandLimitCLI` for ``main``: bad values become :class:`_UsageError`."""
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        try:
+            super().parse_arguments(parser, args)
+        except (ArgumentError, FileNotFoundError) as error:
+            raise _UsageError(one_line_error(error)) from error
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except _BAD_VALUE_ERRORS as error:
+            raise _UsageError(one_line_error(error)) from error
+
+
+# jsonargparse's report of a value that fits none of a Union's types lists every alternative;
+# these lines say nothing about the value the user gave.
+_NOISE = re.compile(
+    r"^-?\s*("
+    r"Does not validate against any of the Union subtypes"
+    r"|Subtypes: .*|Errors:|Given value type: .*|Given value: .*"
+    r"|Expected a <class 'NoneType'>.*"
+    r"|Not a valid subclass of .*|Subclass types expect one of:|a class path \(str\)|a dict .*"
+    r"|Expected a path but .* either not accessible or invalid"
+    r")$"
+)
+_PARSER_KEY = re.compile(r'^Parser key "([^"]+)":')
+
+
+def one_line_error(error: BaseException) -> str:
+    """The root cause of a command-line error, on one line.
+
+    Follows ``__cause__`` / ``__context__`` to the innermost exception, keeps the lines of its
+    message that describe the given value (jsonargparse lists every type a value did not fit),
+    and prefixes the option name when jsonargparse named it.
+
+    Args:
+        error: the exception raised while parsing the arguments or building the classes.
+
+    Example:
+        >>> try:
+        ...     try:
+        ...         raise ValueError("compression must be in [0, 1), got 1.5")
+        ...     except ValueError as inner:
+        ...         raise ValueError("Does not validate against any of the Union subtypes") from inner
+        ... except ValueError as outer:
+        ...     one_line_error(outer)
+        'compression must be in [0, 1), got 1.5'
+    """
+    chain = [error]
+    while (cause := _cause(chain[-1])) is not None and cause not in chain:
+        chain.append(cause)
+    lines = [line.strip() for line in str(chain[-1]).splitlines() if line.strip()]
+    kept = [line.removeprefix("- ") for line in lines if not _NOISE.match(line)] or lines
+    message = "; ".join(kept) or type(chain[-1]).__name__
+    for link in chain:
+        key = _PARSER_KEY.match(str(link))
+        if key and not _PARSER_KEY.match(message):
+            return f"--{key.group(1)}: {message}"
+    return message
+
+
+def _cause(error: BaseException) -> BaseException | None:
+    if error.__cause__ is not None:
+        return error.__cause__
+    return None if error.__suppress_context__ else error.__context__
+
+
+def _fail(message: str) -> SystemExit:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return SystemExit(2)
 
 
 def main(args: list[str] | None = None) -> None:
@@ -53,6 +173,10 @@ def main(args: list[str] | None = None) -> None:
 
     Args:
         args: command-line arguments (default ``sys.argv[1:]``).
+
+    Raises:
+        SystemExit: status 2 with one line on stderr for a bad value (see the module's
+            docstring).
     """
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["robustness"]:
@@ -66,10 +190,15 @@ def main(args: list[str] | None = None) -> None:
         for name, description in found.items():
             print(f"{name:<{width}}  {description}")
         return
+    debug = os.environ.get("JSONARGPARSE_DEBUG", "").lower() == "true"  # jsonargparse's own switch
     try:
-        BandLimitCLI(args=None if args is None else argv)
-    except FileNotFoundError as error:
-        if "recipe" not in str(error):
+        # args=None lets LightningCLI read sys.argv itself (no warning about both being given).
+        _CommandLineCLI(args=None if args is None else argv, parser_kwargs={"exit_on_error": False})
+    except _UsageError as error:
+        if debug:
             raise
-        print(f"lightning-bandlimit: error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise _fail(str(error)) from None
+    except FileNotFoundError as error:  # during the run: a data folder or checkpoint is missing
+        if debug:
+            raise
+        raise _fail(one_line_error(error)) from None

@@ -1,14 +1,19 @@
 """The recipes shipped in the package (``lightning_bandlimit/configs/*.yaml``) and ``--config``.
 
 ``--config`` takes a file or the name of a packaged recipe everywhere the package parses a
-command line (``lightning-bandlimit fit|validate|test``, ``lightning-bandlimit robustness``).
+command line (``lightning-bandlimit fit|validate|test``, ``lightning-bandlimit robustness``):
+a jsonargparse parser resolves it through :class:`RecipeConfigFile`, a plain argument list
+through :func:`resolve_config_args`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-__all__ = ["RECIPES_DIR", "recipe_path", "recipes", "resolve_config_args"]
+from jsonargparse import ActionConfigFile
+
+__all__ = ["RECIPES_DIR", "RecipeConfigFile", "recipe_path", "recipes", "resolve_config_args"]
 
 RECIPES_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -62,3 +67,23 @@ def resolve_config_args(argv: list[str]) -> list[str]:
         elif arg.startswith("--config="):
             resolved[i] = f"--config={recipe_path(arg.split('=', 1)[1])}"
     return resolved
+
+
+class RecipeConfigFile(ActionConfigFile):
+    """jsonargparse's ``--config`` action, taking a packaged recipe's name as well as a file.
+
+    Raises:
+        FileNotFoundError: (when parsing) for a value that is neither a file nor a recipe name.
+
+    Example:
+        >>> from jsonargparse import ArgumentParser
+        >>> parser = ArgumentParser(exit_on_error=False)
+        >>> _ = parser.add_argument("--config", action=RecipeConfigFile)
+        >>> parser.parse_args(["--config", "no-such-recipe"])
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: --config 'no-such-recipe' is neither an existing file nor a recipe name; ...
+    """
+
+    def __call__(self, parser: Any, cfg: Any, values: Any, option_string: str | None = None) -> None:
+        super().__call__(parser, cfg, str(recipe_path(values)), option_string)
