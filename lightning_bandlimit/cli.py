@@ -40,6 +40,9 @@ from lightning_bandlimit.recipe_files import (
 __all__ = [
     "RECIPES_DIR",
     "BandLimitCLI",
+    "CommandLineError",
+    "debugging",
+    "exit_with_error",
     "main",
     "one_line_error",
     "recipe_path",
@@ -49,6 +52,13 @@ __all__ = [
 
 PROG = "lightning-bandlimit"
 
+# Raised by the user's classes' own argument checks (and by Lightning's Trainer for a bad setting).
+_BAD_VALUE_ERRORS = (ValueError, TypeError, OSError, MisconfigurationException)
+
+
+class CommandLineError(ValueError):
+    """A bad value on a command line; the message is one line, the root cause (:func:`one_line_error`)."""
+
 
 class BandLimitCLI(LightningCLI):
     """LightningCLI for any LightningModule / LightningDataModule, saving the config per run.
@@ -57,18 +67,33 @@ class BandLimitCLI(LightningCLI):
 
     Args:
         args: command-line arguments (default ``sys.argv[1:]``).
+        usage_errors: raise :class:`CommandLineError` for a bad value: one that does not parse
+            (instead of jsonargparse's usage and exit) or that a class rejects while the classes
+            are built (instead of its own exception, which becomes the ``__cause__``).
         **kwargs: passed to ``LightningCLI`` (e.g. ``run=False``).
 
     Raises:
         FileNotFoundError: for a ``--config`` that is neither a file nor a recipe name.
+        CommandLineError: for a bad value, with ``usage_errors``.
 
     Example:
         >>> cli = BandLimitCLI(args=["--config", "quickstart", "--trainer.max_epochs", "1"], run=False)
         >>> type(cli.model).__name__, type(cli.datamodule).__name__
         ('ImageClassifier', 'SyntheticImageDataModule')
+        >>> BandLimitCLI(
+        ...     args=["--config", "quickstart", "--trainer.callbacks.compression", "1.5"],
+        ...     run=False,
+        ...     usage_errors=True,
+        ... )
+        Traceback (most recent call last):
+        ...
+        lightning_bandlimit.cli.CommandLineError: compression must be in [0, 1), got 1.5
     """
 
-    def __init__(self, args: Any = None, **kwargs: Any) -> None:
+    def __init__(self, args: Any = None, *, usage_errors: bool = False, **kwargs: Any) -> None:
+        self.usage_errors = usage_errors
+        if usage_errors:
+            kwargs["parser_kwargs"] = {"exit_on_error": False, **(kwargs.get("parser_kwargs") or {})}
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         super().__init__(args=args, **kwargs)
 
@@ -85,29 +110,23 @@ class BandLimitCLI(LightningCLI):
         )
         return parser
 
-
-class _UsageError(Exception):
-    """A bad value given on the command line; its message is one line."""
-
-
-# Raised by the user's classes' own argument checks (and by Lightning's Trainer for a bad setting).
-_BAD_VALUE_ERRORS = (ValueError, TypeError, OSError, MisconfigurationException)
-
-
-class _CommandLineCLI(BandLimitCLI):
-    """:class:`BandLimitCLI` for ``main``: bad values become :class:`_UsageError`."""
-
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """LightningCLI's parsing; with ``usage_errors``, a bad value raises :class:`CommandLineError`."""
         try:
             super().parse_arguments(parser, args)
         except (ArgumentError, FileNotFoundError) as error:
-            raise _UsageError(one_line_error(error)) from error
+            if not self.usage_errors:
+                raise
+            raise CommandLineError(one_line_error(error)) from error
 
     def instantiate_classes(self) -> None:
+        """LightningCLI's; with ``usage_errors``, a class's rejection raises :class:`CommandLineError`."""
         try:
             super().instantiate_classes()
         except _BAD_VALUE_ERRORS as error:
-            raise _UsageError(one_line_error(error)) from error
+            if not self.usage_errors:
+                raise
+            raise CommandLineError(one_line_error(error)) from error
 
 
 # jsonargparse's report of a value that fits none of a Union's types lists every alternative;
@@ -163,11 +182,6 @@ def _cause(error: BaseException) -> BaseException | None:
     return None if error.__suppress_context__ else error.__context__
 
 
-def _fail(message: str) -> SystemExit:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    return SystemExit(2)
-
-
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``lightning-bandlimit`` and ``python -m lightning_bandlimit``.
 
@@ -190,15 +204,27 @@ def main(args: list[str] | None = None) -> None:
         for name, description in found.items():
             print(f"{name:<{width}}  {description}")
         return
-    debug = os.environ.get("JSONARGPARSE_DEBUG", "").lower() == "true"  # jsonargparse's own switch
     try:
         # args=None lets LightningCLI read sys.argv itself (no warning about both being given).
-        _CommandLineCLI(args=None if args is None else argv, parser_kwargs={"exit_on_error": False})
-    except _UsageError as error:
-        if debug:
+        BandLimitCLI(args=None if args is None else argv, usage_errors=True)
+    except (CommandLineError, FileNotFoundError) as error:  # FileNotFoundError: during the run
+        if debugging():
             raise
-        raise _fail(str(error)) from None
-    except FileNotFoundError as error:  # during the run: a data folder or checkpoint is missing
-        if debug:
-            raise
-        raise _fail(one_line_error(error)) from None
+        message = str(error) if isinstance(error, CommandLineError) else one_line_error(error)
+        raise exit_with_error(PROG, message) from None
+
+
+def debugging() -> bool:
+    """Whether ``JSONARGPARSE_DEBUG=true`` asks for tracebacks instead of one-line errors."""
+    return os.environ.get("JSONARGPARSE_DEBUG", "").lower() == "true"
+
+
+def exit_with_error(prog: str, message: str) -> SystemExit:
+    """Print ``PROG: error: MESSAGE`` on stderr and return ``SystemExit(2)`` to raise.
+
+    Example:
+        >>> exit_with_error("lightning-bandlimit", "bad value").code
+        2
+    """
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return SystemExit(2)
