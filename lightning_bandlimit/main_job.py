@@ -106,7 +106,7 @@ def _check_arguments(
     budget_below: float,
 ) -> RampTrace:
     """:func:`main`'s arguments checked before any work; returns the co-tenant's trace."""
-    recipe_path(recipe)
+    recipe_path(recipe, option="--recipe")
     check_real("budget_below", budget_below, minimum=0, maximum=1, min_open=True, max_open=True)
     low = check_real("cotenant_low_mib", cotenant_low_mib, minimum=0)
     high = check_real("cotenant_high_mib", cotenant_high_mib, minimum=low)

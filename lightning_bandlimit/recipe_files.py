@@ -32,11 +32,12 @@ def recipes() -> dict[str, str]:
     return found
 
 
-def recipe_path(name_or_path: str) -> Path:
+def recipe_path(name_or_path: str, option: str = "--config") -> Path:
     """The config file for a recipe name, or the given path if it is an existing file.
 
     Args:
         name_or_path: a packaged recipe's name (``"quickstart"``) or a path to a YAML file.
+        option: the command-line option that gave it, for the message.
 
     Raises:
         FileNotFoundError: if it is neither an existing file nor a recipe name (the message
@@ -53,7 +54,7 @@ def recipe_path(name_or_path: str) -> Path:
     if packaged.is_file():
         return packaged
     raise FileNotFoundError(
-        f"--config {name_or_path!r} is neither an existing file nor a recipe name; "
+        f"{option} {name_or_path!r} is neither an existing file nor a recipe name; "
         f"recipes: {', '.join(recipes())}"
     )
 

@@ -119,7 +119,7 @@ def test_bad_value_is_one_line_from_the_module(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--recipe", "nope"], "--config 'nope' is neither an existing file nor a recipe name; recipes: "),
+        (["--recipe", "nope"], "--recipe 'nope' is neither an existing file nor a recipe name; recipes: "),
         (["--cotenant_low_mib", "-5"], "cotenant_low_mib must be >= 0, got -5.0"),
         (["--cotenant_high_mib", "16"], "cotenant_high_mib must be >= 32.0, got 16.0"),
         (["--budget_below", "abc"], "--budget_below: Expected a <class 'float'>. Got value: abc"),
