@@ -14,8 +14,6 @@ traceback. ``JSONARGPARSE_DEBUG=true`` shows the traceback of a bad value too.
 
 from __future__ import annotations
 
-import os
-import re
 import sys
 from argparse import ArgumentError
 from typing import Any
@@ -36,6 +34,12 @@ from lightning_bandlimit.recipe_files import (
     recipes,
     resolve_config_args,
 )
+from lightning_bandlimit.utils.command_line import (
+    CommandLineError,
+    debugging,
+    exit_with_error,
+    one_line_error,
+)
 
 __all__ = [
     "RECIPES_DIR",
@@ -54,10 +58,6 @@ PROG = "lightning-bandlimit"
 
 # Raised by the user's classes' own argument checks (and by Lightning's Trainer for a bad setting).
 _BAD_VALUE_ERRORS = (ValueError, TypeError, OSError, MisconfigurationException)
-
-
-class CommandLineError(ValueError):
-    """A bad value on a command line; the message is one line, the root cause (:func:`one_line_error`)."""
 
 
 class BandLimitCLI(LightningCLI):
@@ -87,7 +87,7 @@ class BandLimitCLI(LightningCLI):
         ... )
         Traceback (most recent call last):
         ...
-        lightning_bandlimit.cli.CommandLineError: compression must be in [0, 1), got 1.5
+        lightning_bandlimit.utils.command_line.CommandLineError: compression must be in [0, 1), got 1.5
     """
 
     def __init__(self, args: Any = None, *, usage_errors: bool = False, **kwargs: Any) -> None:
@@ -129,59 +129,6 @@ class BandLimitCLI(LightningCLI):
             raise CommandLineError(one_line_error(error)) from error
 
 
-# jsonargparse's report of a value that fits none of a Union's types lists every alternative;
-# these lines say nothing about the value the user gave.
-_NOISE = re.compile(
-    r"^-?\s*("
-    r"Does not validate against any of the Union subtypes"
-    r"|Subtypes: .*|Errors:|Given value type: .*|Given value: .*"
-    r"|Expected a <class 'NoneType'>.*"
-    r"|Not a valid subclass of .*|Subclass types expect one of:|a class path \(str\)|a dict .*"
-    r"|Expected a path but .* either not accessible or invalid"
-    r")$"
-)
-_PARSER_KEY = re.compile(r'^Parser key "([^"]+)":')
-
-
-def one_line_error(error: BaseException) -> str:
-    """The root cause of a command-line error, on one line.
-
-    Follows ``__cause__`` / ``__context__`` to the innermost exception, keeps the lines of its
-    message that describe the given value (jsonargparse lists every type a value did not fit),
-    and prefixes the option name when jsonargparse named it.
-
-    Args:
-        error: the exception raised while parsing the arguments or building the classes.
-
-    Example:
-        >>> try:
-        ...     try:
-        ...         raise ValueError("compression must be in [0, 1), got 1.5")
-        ...     except ValueError as inner:
-        ...         raise ValueError("Does not validate against any of the Union subtypes") from inner
-        ... except ValueError as outer:
-        ...     one_line_error(outer)
-        'compression must be in [0, 1), got 1.5'
-    """
-    chain = [error]
-    while (cause := _cause(chain[-1])) is not None and cause not in chain:
-        chain.append(cause)
-    lines = [line.strip() for line in str(chain[-1]).splitlines() if line.strip()]
-    kept = [line.removeprefix("- ") for line in lines if not _NOISE.match(line)] or lines
-    message = "; ".join(kept) or type(chain[-1]).__name__
-    for link in chain:
-        key = _PARSER_KEY.match(str(link))
-        if key and not _PARSER_KEY.match(message):
-            return f"--{key.group(1)}: {message}"
-    return message
-
-
-def _cause(error: BaseException) -> BaseException | None:
-    if error.__cause__ is not None:
-        return error.__cause__
-    return None if error.__suppress_context__ else error.__context__
-
-
 def main(args: list[str] | None = None) -> None:
     """Entry point of ``lightning-bandlimit`` and ``python -m lightning_bandlimit``.
 
@@ -212,19 +159,3 @@ def main(args: list[str] | None = None) -> None:
             raise
         message = str(error) if isinstance(error, CommandLineError) else one_line_error(error)
         raise exit_with_error(PROG, message) from None
-
-
-def debugging() -> bool:
-    """Whether ``JSONARGPARSE_DEBUG=true`` asks for tracebacks instead of one-line errors."""
-    return os.environ.get("JSONARGPARSE_DEBUG", "").lower() == "true"
-
-
-def exit_with_error(prog: str, message: str) -> SystemExit:
-    """Print ``PROG: error: MESSAGE`` on stderr and return ``SystemExit(2)`` to raise.
-
-    Example:
-        >>> exit_with_error("lightning-bandlimit", "bad value").code
-        2
-    """
-    print(f"{prog}: error: {message}", file=sys.stderr)
-    return SystemExit(2)

@@ -42,14 +42,7 @@ from pathlib import Path
 import lightning
 import torch
 
-from lightning_bandlimit.cli import (
-    BandLimitCLI,
-    CommandLineError,
-    debugging,
-    exit_with_error,
-    one_line_error,
-    recipe_path,
-)
+from lightning_bandlimit.cli import BandLimitCLI, recipe_path
 from lightning_bandlimit.memory.cotenant import RampTrace
 from lightning_bandlimit.multitenant import (
     HOST_ALLOCATOR_ENV,
@@ -60,6 +53,12 @@ from lightning_bandlimit.multitenant import (
     launch,
     over_budget,
     plot_timelines,
+)
+from lightning_bandlimit.utils.command_line import (
+    CommandLineError,
+    debugging,
+    exit_with_error,
+    one_line_error,
 )
 from lightning_bandlimit.utils.validation import check_real
 

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from lightning_bandlimit.callbacks.shared_budget import over_budget_steps
 from lightning_bandlimit.memory.cotenant import RampTrace
+from lightning_bandlimit.utils.command_line import CommandLineError, debugging, exit_with_error
 from lightning_bandlimit.utils.files import atomic_write_json
 
 __all__ = [
@@ -305,8 +306,6 @@ def plot_timelines(results: list[JobResult], budget: int, path: Path, title: str
 def _main(argv: list[str]) -> None:
     """``python -m lightning_bandlimit.multitenant SPEC.json``: a bad spec ends in one line, exit 2."""
     import argparse
-
-    from lightning_bandlimit.cli import CommandLineError, debugging, exit_with_error
 
     parser = argparse.ArgumentParser(
         prog="python -m lightning_bandlimit.multitenant",
