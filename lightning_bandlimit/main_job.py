@@ -27,16 +27,22 @@ under attack with the ``robustness`` recipe::
 from __future__ import annotations
 
 import datetime
+import functools
 import json
+import logging
+import os
 import platform
+import sys
 import time
+import warnings
+from argparse import ArgumentError
 from dataclasses import asdict
 from pathlib import Path
 
 import lightning
 import torch
 
-from lightning_bandlimit.cli import recipe_path
+from lightning_bandlimit.cli import BandLimitCLI, recipe_path
 from lightning_bandlimit.memory.cotenant import RampTrace
 from lightning_bandlimit.multitenant import (
     HOST_ALLOCATOR_ENV,
@@ -48,6 +54,13 @@ from lightning_bandlimit.multitenant import (
     over_budget,
     plot_timelines,
 )
+from lightning_bandlimit.utils.command_line import (
+    CommandLineError,
+    debugging,
+    exit_with_error,
+    one_line_error,
+)
+from lightning_bandlimit.utils.validation import check_real
 
 __all__ = ["main"]
 
@@ -83,6 +96,64 @@ def _table(rows: list[tuple[str, JobResult]], budget: int) -> str:
     return "\n".join(lines)
 
 
+def _check_arguments(
+    recipe: str,
+    output_dir: str,
+    overrides: list[str],
+    cotenant_low_mib: float,
+    cotenant_high_mib: float,
+    budget_below: float,
+) -> RampTrace:
+    """:func:`main`'s arguments checked before any work; returns the co-tenant's trace."""
+    recipe_path(recipe, option="--recipe")
+    check_real("budget_below", budget_below, minimum=0, maximum=1, min_open=True, max_open=True)
+    low = check_real("cotenant_low_mib", cotenant_low_mib, minimum=0)
+    high = check_real("cotenant_high_mib", cotenant_high_mib, minimum=low)
+    ramp = RampTrace(low=int(low * MIB), high=int(high * MIB))
+    _check_output_dir(Path(output_dir))
+    _check_overrides(recipe, tuple(overrides))
+    return ramp
+
+
+def _check_output_dir(path: Path) -> None:
+    existing = next(p for p in [path, *path.absolute().parents] if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"output_dir {str(path)!r} cannot be created: {str(existing)!r} is not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"output_dir {str(path)!r} cannot be created: {str(existing)!r} is not writable")
+
+
+@functools.cache  # _cli checks before it calls main, which checks again
+def _check_overrides(recipe: str, overrides: tuple[str, ...]) -> None:
+    """Build the recipe's classes with ``overrides`` (no training, no seeding) to reject bad ones early."""
+    lightning_log = logging.getLogger("lightning.pytorch")  # Lightning's documented console logger
+    level = lightning_log.level
+    lightning_log.setLevel(logging.WARNING)  # the jobs print the trainer's summary, not this check
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # args is on purpose
+            cli = BandLimitCLI(
+                args=["--config", recipe, *overrides, "--seed_everything", "false"],
+                run=False,
+                usage_errors=True,
+            )
+    except CommandLineError as error:
+        raise ValueError(f"overrides: {error}") from error
+    finally:
+        lightning_log.setLevel(level)
+    max_epochs, max_steps = cli.trainer.max_epochs, cli.trainer.max_steps
+    if max_epochs == 0 or max_steps == 0:
+        raise ValueError(
+            f"overrides: the jobs must train at least one step, got max_epochs={max_epochs}, "
+            f"max_steps={max_steps}"
+        )
+    if max_epochs in (None, -1) and max_steps == -1:
+        raise ValueError(
+            f"overrides: the jobs must end: set --trainer.max_epochs or --trainer.max_steps, got "
+            f"max_epochs={max_epochs}, max_steps={max_steps}"
+        )
+
+
 def main(
     recipe: str = "quickstart",
     output_dir: str = "runs",
@@ -114,19 +185,19 @@ def main(
 
     Raises:
         FileNotFoundError: for an unknown recipe (before any work).
-        ValueError: for a co-tenant trace or budget fraction out of range (before any work).
+        ValueError: for a co-tenant trace or budget fraction out of range, an output folder
+            that cannot be created, or overrides the recipe rejects or that train no step or
+            without end (all before any work).
+        TypeError: for a number of the wrong type (before any work).
         RuntimeError: when a job fails (its log's tail in the message; earlier results kept).
         SanityCheckError: when a robustness sanity check fails (after everything is written).
 
     Returns:
         The run folder.
     """
-    recipe_path(recipe)  # fail before any work on an unknown recipe
-    ramp = RampTrace(low=int(cotenant_low_mib * MIB), high=int(cotenant_high_mib * MIB))
-    trace = asdict(ramp)
-    if not 0 < budget_below < 1:
-        raise ValueError(f"budget_below must be in (0, 1), got {budget_below}")
     overrides = list(DEFAULT_OVERRIDES if overrides is None else overrides)
+    ramp = _check_arguments(recipe, output_dir, overrides, cotenant_low_mib, cotenant_high_mib, budget_below)
+    trace = asdict(ramp)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(output_dir).resolve() / f"main-{stamp}"
     run_dir.mkdir(parents=True, exist_ok=False)
@@ -258,10 +329,30 @@ def main(
     return run_dir
 
 
-def _cli() -> None:
-    from jsonargparse import CLI
+def _cli(args: list[str] | None = None) -> None:
+    """``python -m lightning_bandlimit.main_job``: a bad argument ends in one line and exit 2."""
+    from jsonargparse import auto_parser
 
-    CLI(main, as_positional=False)
+    prog = "python -m lightning_bandlimit.main_job"
+    parser = auto_parser(main, as_positional=False, exit_on_error=False, prog=prog)
+    try:
+        config = parser.parse_args(sys.argv[1:] if args is None else args)
+        config.pop("config", None)
+        kwargs = config.as_dict()
+        _check_arguments(
+            kwargs["recipe"],
+            kwargs["output_dir"],
+            list(DEFAULT_OVERRIDES if kwargs["overrides"] is None else kwargs["overrides"]),
+            kwargs["cotenant_low_mib"],
+            kwargs["cotenant_high_mib"],
+            kwargs["budget_below"],
+        )
+    except (ArgumentError, ValueError, TypeError, FileNotFoundError) as error:
+        if debugging():
+            raise
+        message = one_line_error(error) if isinstance(error, ArgumentError) else str(error)
+        raise exit_with_error(prog, message) from None
+    main(**kwargs)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from lightning_bandlimit.callbacks.shared_budget import over_budget_steps
 from lightning_bandlimit.memory.cotenant import RampTrace
+from lightning_bandlimit.utils.command_line import CommandLineError, debugging, exit_with_error
 from lightning_bandlimit.utils.files import atomic_write_json
 from lightning_bandlimit.utils.validation import check_choice, check_real
 
@@ -117,6 +118,8 @@ def run_job(spec: JobSpec) -> JobResult:
 
     Raises:
         FileNotFoundError: for an unknown recipe.
+        CommandLineError: for overrides that do not parse or that the recipe's classes reject
+            (a ``ValueError``; the message is the root cause, on one line).
     """
     from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit, SharedBudget, StepTimer
     from lightning_bandlimit.cli import BandLimitCLI, recipe_path
@@ -139,6 +142,7 @@ def run_job(spec: JobSpec) -> JobResult:
             *spec.overrides,
         ],
         run=False,
+        usage_errors=True,
     )
     trainer, model, data = cli.trainer, cli.model, cli.datamodule
     recipe_bands = [cb for cb in trainer.callbacks if isinstance(cb, BandLimit)]
@@ -299,10 +303,28 @@ def plot_timelines(results: list[JobResult], budget: int, path: Path, title: str
 
 
 def _main(argv: list[str]) -> None:
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m lightning_bandlimit.multitenant SPEC.json")
-    spec = JobSpec(**json.loads(Path(argv[0]).read_text()))
-    result = run_job(spec)
+    """``python -m lightning_bandlimit.multitenant SPEC.json``: a bad spec ends in one line, exit 2."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m lightning_bandlimit.multitenant",
+        description="Run one job of the multi-tenant scenario (what launch() does).",
+    )
+    parser.add_argument("spec", type=Path, help="a JobSpec as JSON (launch() writes <out_dir>/spec.json)")
+    path = parser.parse_args(argv).spec
+    try:
+        spec = JobSpec(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError) as error:  # unreadable, not JSON, a bad or unknown field
+        if debugging():
+            raise
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise exit_with_error(parser.prog, f"{path}: {reason}") from None
+    try:
+        result = run_job(spec)
+    except (CommandLineError, FileNotFoundError) as error:  # bad overrides, no such recipe or data
+        if debugging():
+            raise
+        raise exit_with_error(parser.prog, f"{path}: {error}") from None
     atomic_write_json(Path(spec.out_dir, "result.json"), asdict(result), indent=None)
 
 

@@ -1,14 +1,19 @@
 """The recipes shipped in the package (``lightning_bandlimit/configs/*.yaml``) and ``--config``.
 
 ``--config`` takes a file or the name of a packaged recipe everywhere the package parses a
-command line (``lightning-bandlimit fit|validate|test``, ``lightning-bandlimit robustness``).
+command line (``lightning-bandlimit fit|validate|test``, ``lightning-bandlimit robustness``):
+a jsonargparse parser resolves it through :class:`RecipeConfigFile`, a plain argument list
+through :func:`resolve_config_args`.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-__all__ = ["RECIPES_DIR", "recipe_path", "recipes", "resolve_config_args"]
+from jsonargparse import ActionConfigFile
+
+__all__ = ["RECIPES_DIR", "RecipeConfigFile", "recipe_path", "recipes", "resolve_config_args"]
 
 RECIPES_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -27,11 +32,12 @@ def recipes() -> dict[str, str]:
     return found
 
 
-def recipe_path(name_or_path: str) -> Path:
+def recipe_path(name_or_path: str, option: str = "--config") -> Path:
     """The config file for a recipe name, or the given path if it is an existing file.
 
     Args:
         name_or_path: a packaged recipe's name (``"quickstart"``) or a path to a YAML file.
+        option: the command-line option that gave it, for the message.
 
     Raises:
         FileNotFoundError: if it is neither an existing file nor a recipe name (the message
@@ -48,7 +54,7 @@ def recipe_path(name_or_path: str) -> Path:
     if packaged.is_file():
         return packaged
     raise FileNotFoundError(
-        f"--config {name_or_path!r} is neither an existing file nor a recipe name; "
+        f"{option} {name_or_path!r} is neither an existing file nor a recipe name; "
         f"recipes: {', '.join(recipes())}"
     )
 
@@ -62,3 +68,23 @@ def resolve_config_args(argv: list[str]) -> list[str]:
         elif arg.startswith("--config="):
             resolved[i] = f"--config={recipe_path(arg.split('=', 1)[1])}"
     return resolved
+
+
+class RecipeConfigFile(ActionConfigFile):
+    """jsonargparse's ``--config`` action, taking a packaged recipe's name as well as a file.
+
+    Raises:
+        FileNotFoundError: (when parsing) for a value that is neither a file nor a recipe name.
+
+    Example:
+        >>> from jsonargparse import ArgumentParser
+        >>> parser = ArgumentParser(exit_on_error=False)
+        >>> _ = parser.add_argument("--config", action=RecipeConfigFile)
+        >>> parser.parse_args(["--config", "no-such-recipe"])
+        Traceback (most recent call last):
+        ...
+        FileNotFoundError: --config 'no-such-recipe' is neither an existing file nor a recipe name; ...
+    """
+
+    def __call__(self, parser: Any, cfg: Any, values: Any, option_string: str | None = None) -> None:
+        super().__call__(parser, cfg, str(recipe_path(values)), option_string)

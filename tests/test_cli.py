@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_bandlimit.cli import BandLimitCLI, main, recipe_path, recipes
+from lightning_bandlimit.cli import BandLimitCLI, CommandLineError, main, one_line_error, recipe_path, recipes
 
 TINY = [
     "--trainer.max_epochs",
@@ -171,3 +171,140 @@ def test_optimizer_and_scheduler_are_configurable_the_lightningcli_way() -> None
     optimizers, schedulers = cli.model.configure_optimizers()
     assert type(optimizers[0]).__name__ == "Adam" and optimizers[0].defaults["lr"] == 0.003
     assert type(schedulers[0]).__name__ == "StepLR" and schedulers[0].step_size == 5
+
+
+# Bad values on the command line: one line "lightning-bandlimit: error: ..." and exit status 2.
+
+
+def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return [line for line in err.splitlines() if line.strip()][-1]
+
+
+def test_bad_compression_is_one_line_from_the_console_script(tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "lightning-bandlimit"
+    proc = subprocess.run(
+        [str(script), "fit", "--config", "quickstart", "--trainer.callbacks.compression", "1.5"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    # Lightning may log "Seed set to 0" before; the error is the last line, and the only one.
+    assert lines[-1] == "lightning-bandlimit: error: compression must be in [0, 1), got 1.5"
+    assert sum("error" in line for line in lines) == 1
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--trainer.callbacks.nosuch", "3"],
+            "lightning-bandlimit: error: --trainer.callbacks: Option 'nosuch' is not accepted",
+        ),
+        (
+            ["--trainer.max_epochs", "abc"],
+            "lightning-bandlimit: error: --trainer.max_epochs: Expected a <class 'int'>. Got value: abc",
+        ),
+        (["--model.width", "-3"], "lightning-bandlimit: error: num_classes and width must be positive"),
+        (["--model", "NoSuchModel"], "lightning-bandlimit: error: --model: "),
+        (["--nosuch", "1"], "lightning-bandlimit: error: unrecognized arguments: --nosuch 1"),
+    ],
+)
+def test_bad_values_end_in_one_line_and_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", "quickstart", *args])
+    assert exit_info.value.code == 2
+    assert _error_line(capsys).startswith(message)
+
+
+def test_missing_data_dir_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "no-cifar"
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [
+                "fit",
+                "--config",
+                "cifar10-resnet18",
+                "--data.data_dir",
+                str(missing),
+                "--trainer.logger",
+                "false",
+            ]
+        )
+    assert exit_info.value.code == 2
+    line = _error_line(capsys)
+    assert (
+        line.startswith("lightning-bandlimit: error: ") and str(missing) in line and "does not exist" in line
+    )
+
+
+def test_an_error_during_training_keeps_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_bandlimit.models import ImageClassifier
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in training_step")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(ImageClassifier, "training_step", broken)
+    with pytest.raises(RuntimeError, match="a bug in training_step"):
+        main(["fit", "--config", "quickstart", *TINY])
+
+
+def test_jsonargparse_debug_keeps_the_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JSONARGPARSE_DEBUG", "true")
+    with pytest.raises(CommandLineError, match=r"^compression must be in \[0, 1\), got 1.5$") as info:
+        main(["fit", "--config", "quickstart", "--trainer.callbacks.compression", "1.5"])
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_usage_errors_is_opt_in_for_the_python_api() -> None:
+    args = ["--config", "quickstart", "--trainer.callbacks.compression", "1.5"]
+    with pytest.raises(CommandLineError, match=r"^compression must be in \[0, 1\), got 1.5$"):
+        BandLimitCLI(args=args, run=False, usage_errors=True)
+    with pytest.raises(ValueError, match="Does not validate") as info:  # jsonargparse's own, as before
+        BandLimitCLI(args=args, run=False)
+    assert not isinstance(info.value, CommandLineError)
+
+
+def test_help_works_and_sys_argv_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["lightning-bandlimit", "fit", "--config", "quickstart", "--help"]
+    monkeypatch.setattr(sys, "argv", list(argv))
+    with pytest.raises(SystemExit) as exit_info:
+        main()  # reads sys.argv, resolves the recipe name without rewriting it
+    assert exit_info.value.code == 0
+    assert sys.argv == argv
+    out = capsys.readouterr().out
+    assert "--trainer.max_epochs" in out and "packaged recipe" in out
+
+
+def test_one_line_error_keeps_the_option_and_the_root_cause() -> None:
+    from argparse import ArgumentError
+
+    try:
+        try:
+            raise ValueError("Expected a <class 'int'>. Got value: abc")
+        except ValueError as inner:
+            raise ArgumentError(
+                None,
+                'Parser key "trainer.max_epochs":\n  Does not validate against any of the Union subtypes\n'
+                "  Errors:\n    - Expected a <class 'int'>\n    - Expected a <class 'NoneType'>\n"
+                "  Given value: abc",
+            ) from inner
+    except ArgumentError as error:
+        assert one_line_error(error) == "--trainer.max_epochs: Expected a <class 'int'>. Got value: abc"
+    assert one_line_error(ValueError("a\n- b\nGiven value type: <class 'str'>")) == "a; b"

@@ -1,11 +1,14 @@
 """The main job (README command 1) end to end on a tiny budget."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from lightning_bandlimit.main_job import main
+from lightning_bandlimit.main_job import _cli, main
+from lightning_bandlimit.multitenant import _main as multitenant_main
 
 # 32 sanity samples (the recipe's default): with 8, one sample the 10-step model gets right by
 # luck under the large-budget PGD was 0.125 > chance and failed about one run in three.
@@ -80,3 +83,117 @@ def test_unknown_recipe_fails_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="recipe"):
         main(recipe="nope", output_dir=str(tmp_path))
     assert not any(tmp_path.iterdir())
+
+
+# Bad values on the main job's command line (and its jobs'): one line and exit status 2, before any work.
+
+MAIN_JOB = "python -m lightning_bandlimit.main_job: error: "
+
+
+def _error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return [line for line in err.splitlines() if line.strip()][-1]
+
+
+def test_bad_value_is_one_line_from_the_module(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lightning_bandlimit.main_job",
+            "--budget_below",
+            "2",
+            "--output_dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [MAIN_JOB + "budget_below must be in (0, 1), got 2.0"]
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--recipe", "nope"], "--recipe 'nope' is neither an existing file nor a recipe name; recipes: "),
+        (["--cotenant_low_mib", "-5"], "cotenant_low_mib must be >= 0, got -5.0"),
+        (["--cotenant_high_mib", "16"], "cotenant_high_mib must be >= 32.0, got 16.0"),
+        (["--budget_below", "abc"], "--budget_below: Expected a <class 'float'>. Got value: abc"),
+        (["--overrides", '[--trainer.max_epochs, "0"]'], "overrides: the jobs must train at least one step"),
+        (["--overrides", '[--trainer.max_epochs, "-1"]'], "overrides: the jobs must end"),
+        (
+            ["--overrides", '[--trainer.callbacks.compression, "1.5"]'],
+            "overrides: compression must be in [0, 1), got 1.5",
+        ),
+        (["--overrides", '[--nosuch, "1"]'], "overrides: unrecognized arguments: --nosuch 1"),
+        (["--nosuch", "1"], "unrecognized arguments: --nosuch 1"),
+    ],
+)
+def test_bad_values_end_in_one_line_and_exit_2(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _cli([*args, "--output_dir", str(tmp_path / "runs")])
+    assert exit_info.value.code == 2
+    assert _error_line(capsys).startswith(MAIN_JOB + message)
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_output_dir_that_is_a_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        _cli(["--output_dir", str(tmp_path / "file" / "runs")])
+    assert exit_info.value.code == 2
+    assert _error_line(capsys) == (
+        f"{MAIN_JOB}output_dir {str(tmp_path / 'file' / 'runs')!r} cannot be created: "
+        f"{str(tmp_path / 'file')!r} is not a folder"
+    )
+
+
+def test_bad_overrides_fail_before_any_work_from_python(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"overrides: compression must be in \[0, 1\), got 1.5"):
+        main(output_dir=str(tmp_path), overrides=["--trainer.callbacks.compression", "1.5"])
+    assert not any(tmp_path.iterdir())
+
+
+def _spec(tmp_path: Path, **fields: object) -> Path:
+    spec = {"name": "job", "mode": "plain", "out_dir": str(tmp_path / "job"), "trace": {"low": 1, "high": 2}}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps({**spec, **fields}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"mode": "nope"}, "mode must be one of ('plain', 'fixed', 'adaptive'), got 'nope'"),
+        ({"colour": "red"}, "unexpected keyword argument 'colour'"),
+        ({"recipe": "nope"}, "--config 'nope' is neither an existing file nor a recipe name"),
+        ({"overrides": ["--trainer.callbacks.compression", "1.5"]}, "compression must be in [0, 1), got 1.5"),
+    ],
+)
+def test_a_bad_job_spec_is_one_line(
+    fields: dict[str, object], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _spec(tmp_path, **fields)
+    with pytest.raises(SystemExit) as exit_info:
+        multitenant_main([str(path)])
+    assert exit_info.value.code == 2
+    line = _error_line(capsys)
+    assert line.startswith(f"python -m lightning_bandlimit.multitenant: error: {path}: ") and message in line
+    assert not (tmp_path / "job" / "result.json").exists()
+
+
+def test_a_missing_job_spec_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        multitenant_main([str(tmp_path / "none.json")])
+    assert exit_info.value.code == 2
+    assert _error_line(capsys).endswith(f"{tmp_path / 'none.json'}: No such file or directory")
+    with pytest.raises(SystemExit) as exit_info:
+        multitenant_main([])  # argparse: usage, then the error on the last line
+    assert exit_info.value.code == 2
+    assert _error_line(capsys).endswith("error: the following arguments are required: spec")
