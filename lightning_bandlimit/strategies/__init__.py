@@ -5,6 +5,7 @@ torchrun restarts: :class:`lightning_bandlimit.callbacks.ElasticCheckpoint`."""
 
 from lightning_bandlimit.strategies.elastic_ddp import ElasticDDPStrategy, register_elastic_strategies
 from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
+from lightning_bandlimit.strategies.exact_global_batch import ExactGlobalBatch, MicroBatchPlan
 from lightning_bandlimit.strategies.scaling import (
     AdaScale,
     KeepGlobalBatch,
@@ -29,8 +30,10 @@ __all__ = [
     "AdaScale",
     "ElasticDDPStrategy",
     "ElasticSampler",
+    "ExactGlobalBatch",
     "KeepGlobalBatch",
     "LinearScaling",
+    "MicroBatchPlan",
     "MomentumAwareScaling",
     "NoScaling",
     "SampleSchedule",

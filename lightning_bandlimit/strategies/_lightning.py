@@ -64,6 +64,12 @@ def check_lightning_shapes() -> None:
     update = _private("lightning.pytorch.utilities.data", "_update_dataloader")
     if list(inspect.signature(update).parameters)[:3] != ["dataloader", "sampler", "mode"]:
         raise _shape_error("lightning.pytorch.utilities.data._update_dataloader(dataloader, sampler, mode)")
+    init_args = _private("lightning.pytorch.utilities.data", "_get_dataloader_init_args_and_kwargs")
+    if list(inspect.signature(init_args).parameters)[:3] != ["dataloader", "sampler", "mode"]:
+        raise _shape_error(
+            "lightning.pytorch.utilities.data._get_dataloader_init_args_and_kwargs(dataloader, sampler, mode)"
+        )
+    _private("lightning.pytorch.utilities.data", "_reinstantiate_wrapped_cls")
     epoch_loop = _private("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop")
     if not isinstance(getattr(epoch_loop, "restarted_on_train_batch_end", None), property):
         raise _shape_error("the property _TrainingEpochLoop.restarted_on_train_batch_end")
@@ -89,13 +95,37 @@ class LauncherHook:
         super()._configure_launcher()  # type: ignore[misc]
 
 
-def loader_with_sampler(dataloader: DataLoader, sampler: Sampler) -> DataLoader:
+def loader_with_sampler(
+    dataloader: DataLoader, sampler: Sampler, batch_size: int | None = None
+) -> DataLoader:
     """A copy of a training ``dataloader`` (of any ``DataLoader`` subclass) drawing from ``sampler``.
 
-    Lightning's private ``_update_dataloader`` re-instantiates the loader with its original
-    arguments, as Lightning does when it injects a ``DistributedSampler``.
+    Lightning's private ``_update_dataloader`` machinery re-instantiates the loader with its
+    original arguments, as Lightning does when it injects a ``DistributedSampler``; a
+    ``batch_size`` other than ``None`` replaces the loader's own.
+
+    Raises:
+        ValueError: if the loader's class does not take ``batch_size`` and one is given.
     """
-    return lightning_data._update_dataloader(dataloader, sampler, mode=RunningStage.TRAINING)
+    if batch_size is None or batch_size == dataloader.batch_size:
+        return lightning_data._update_dataloader(dataloader, sampler, mode=RunningStage.TRAINING)
+    args, kwargs = lightning_data._get_dataloader_init_args_and_kwargs(
+        dataloader, sampler, mode=RunningStage.TRAINING
+    )
+    kwargs = dict(kwargs)  # Lightning returns the loader's own saved kwargs: do not change them
+    positional = tuple(getattr(dataloader, "__pl_saved_arg_names", ()))
+    if "batch_size" in positional[: len(args)]:
+        index = positional.index("batch_size")
+        args = (*args[:index], batch_size, *args[index + 1 :])
+    else:
+        accepts = inspect.signature(type(dataloader).__init__).parameters
+        if "batch_size" not in accepts and not any(p.kind is p.VAR_KEYWORD for p in accepts.values()):
+            raise ValueError(
+                f"{type(dataloader).__name__} does not take batch_size, so its micro-batch cannot be "
+                f"changed to {batch_size}; use a torch DataLoader for training"
+            )
+        kwargs["batch_size"] = batch_size
+    return lightning_data._reinstantiate_wrapped_cls(dataloader, *args, **kwargs)
 
 
 def set_batches_done_this_epoch(trainer: pl.Trainer, done: int) -> None:

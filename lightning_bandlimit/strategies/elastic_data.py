@@ -19,7 +19,9 @@ from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
 __all__ = ["batches_done_this_epoch", "elastic_sampler_for", "restore_position"]
 
 
-def elastic_sampler_for(dataloader: object, world_size: int, rank: int, seed: int | None) -> ElasticSampler:
+def elastic_sampler_for(
+    dataloader: object, world_size: int, rank: int, seed: int | None, batch_size: int | None = None
+) -> ElasticSampler:
     """The :class:`ElasticSampler` to train ``dataloader`` with on this rank.
 
     Args:
@@ -27,6 +29,7 @@ def elastic_sampler_for(dataloader: object, world_size: int, rank: int, seed: in
         world_size: the number of processes.
         rank: this process's global rank.
         seed: the permutation seed; ``None``: a ``DistributedSampler``'s own seed, else 0.
+        batch_size: the per-device micro-batch; ``None``: the loader's ``batch_size``.
 
     Raises:
         ValueError: for anything but a ``DataLoader`` over a map-style dataset with a
@@ -69,7 +72,7 @@ def elastic_sampler_for(dataloader: object, world_size: int, rank: int, seed: in
         )
     return ElasticSampler(
         len(dataloader.dataset),  # type: ignore[arg-type]
-        dataloader.batch_size,
+        dataloader.batch_size if batch_size is None else batch_size,
         num_replicas=world_size,
         rank=rank,
         shuffle=shuffle,

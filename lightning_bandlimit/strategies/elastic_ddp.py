@@ -69,6 +69,7 @@ from lightning_bandlimit.strategies.elastic_resume import (
     check_resumable,
 )
 from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
+from lightning_bandlimit.strategies.exact_global_batch import ExactGlobalBatch, MicroBatchPlan
 from lightning_bandlimit.strategies.scaling import (
     AdaScale,
     KeepGlobalBatch,
@@ -133,6 +134,11 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
             check_int("cpu_threads", cpu_threads, minimum=0)  # None: auto, 0: leave torch alone
         if rule is not None and not isinstance(rule, ScalingRule):
             raise TypeError(f"rule must be a ScalingRule, got {type(rule).__name__}")
+        if isinstance(rule, ExactGlobalBatch) and per_device_batch is not None:
+            raise ValueError(
+                f"ElasticDDPStrategy: {rule!r} chooses the per-device micro-batch for each world size, so "
+                f"per_device_batch must be None, got {per_device_batch}"
+            )
         self.rule = rule
         self.per_device_batch = per_device_batch
         self.guard: StabilityGuard | None = StabilityGuard() if guard is True else (guard or None)
@@ -155,6 +161,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         self._norms: GradientNormState | None = None
         self._adascale = AdaScaleGain()
         self._launched_accumulation: int | None = None
+        self.plan: MicroBatchPlan | None = None  # with ExactGlobalBatch: this world size's plan
 
     # ------------------------------------------------------------------ environment
 
@@ -200,17 +207,42 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if trainer is None or trainer.state.stage != RunningStage.TRAINING:
             return dataloader
-        sampler = elastic_sampler_for(dataloader, self.world_size, self.global_rank, self.seed)
+        if isinstance(self.rule, ExactGlobalBatch) and self.plan is None:
+            self.plan = self.rule.plan(self.world_size)  # before any step: refuses an inexact size
+            self._announce_plan(dataloader)
+        micro = self.plan.micro_batch if self.plan is not None else None
+        if self.plan is not None:
+            trainer.accumulate_grad_batches = self.plan.accumulation
+        sampler = elastic_sampler_for(dataloader, self.world_size, self.global_rank, self.seed, micro)
         # reloaded dataloaders keep the position; the first one takes the checkpoint's
         restored = None if self._restored is None else self._restored.sampler
         restore_position(
             sampler, self.sampler.state_dict() if self.sampler else restored, self._restored_path
         )
         self.sampler = sampler
-        loader = loader_with_sampler(dataloader, sampler)  # type: ignore[arg-type]
+        loader = loader_with_sampler(dataloader, sampler, micro)  # type: ignore[arg-type]
         # Tells Lightning the loader resumes mid-epoch (it warns otherwise); its position is the sampler's.
         loader.state_dict, loader.load_state_dict = sampler.state_dict, sampler.load_state_dict  # type: ignore[method-assign]
         return loader
+
+    def _announce_plan(self, dataloader: object) -> None:
+        assert isinstance(self.rule, ExactGlobalBatch) and self.plan is not None
+        plan, given = self.plan, getattr(dataloader, "batch_size", None)
+        replaced = (
+            "" if given == plan.micro_batch else f" (the training loader's batch_size {given} is replaced)"
+        )
+        message = (
+            f"ElasticDDPStrategy: global batch {plan.global_batch} on {plan.world_size} processes = "
+            f"micro-batch {plan.micro_batch} x accumulation {plan.accumulation}{replaced}; world sizes "
+            f"with an exact global batch of {self.rule.global_batch}: {self.rule.valid_world_sizes()}"
+        )
+        if plan.exact:
+            rank_zero_info(message)
+        else:
+            rank_zero_warn(
+                f"{message}. No exact plan exists for {plan.world_size} processes: training at the nearest "
+                f"global batch {plan.global_batch} with the LR rescaled linearly (fallback=True)"
+            )
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -297,6 +329,8 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         restored = self._restored
         if restored is None:
             self.reference = self.applied = launched
+            if self.plan is not None and not self.plan.exact:  # the fallback's LR for this size
+                self._apply_rule(trainer, damping=1.0)
             return
         self.reference, self.applied = restored.reference, restored.applied
         self.samples_seen = restored.samples_seen
@@ -339,7 +373,8 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
 
     def _apply_rule(self, trainer: pl.Trainer, damping: float) -> None:
         assert self.reference is not None and self.applied is not None and self.rule is not None
-        accumulation = None if isinstance(self.rule, KeepGlobalBatch) else self._launched_accumulation
+        chooses_accumulation = isinstance(self.rule, (KeepGlobalBatch, ExactGlobalBatch))
+        accumulation = None if chooses_accumulation else self._launched_accumulation
         target = self.rule.adjust(self.reference, self.world_size, damping, accumulation=accumulation)
         apply_config(trainer.optimizers, self._schedulers(trainer), self.applied, target)
         trainer.accumulate_grad_batches = target.accumulation
