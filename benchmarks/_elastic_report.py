@@ -12,12 +12,16 @@ from pathlib import Path
 from typing import Any
 
 from _elastic_common import ALL_RULES, OPTIMIZERS, REPO_ROOT, TARGET_POINTS
+from _elastic_stats import PairedDifference
 
 from lightning_bandlimit.utils.tables import markdown_table
 from lightning_bandlimit.utils.versions import library_versions
 
 
 def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per optimizer, schedule and rule: accuracy over seeds and, for resized rows, the
+    paired difference to the fixed run of the same seed with its 95 % interval and verdict."""
+
     def mean_std(values: list[float]) -> tuple[float, float]:
         return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
@@ -27,23 +31,35 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = []
     for (optimizer, schedule, rule), runs in groups.items():
         fixed = {r["seed"]: r for r in groups.get((optimizer, "fixed", "none"), [])}
-        acc = [100 * r["val_acc"] for r in runs]
-        paired = [100 * (r["val_acc"] - fixed[r["seed"]]["val_acc"]) for r in runs if r["seed"] in fixed]
-        acc_mean, acc_std = mean_std(acc)
+        acc_mean, acc_std = mean_std([100 * r["val_acc"] for r in runs])
         fixed_mean = statistics.fmean(100 * r["val_acc"] for r in fixed.values()) if fixed else math.nan
-        diff = acc_mean - fixed_mean
+        paired_seeds = sorted(r["seed"] for r in runs if r["seed"] in fixed)
+        by_seed = {r["seed"]: r for r in runs}
+        paired = [100 * (by_seed[s]["val_acc"] - fixed[s]["val_acc"]) for s in paired_seeds]
+        diff = PairedDifference.of(paired, TARGET_POINTS)
+        resized = schedule != "fixed"
         rows.append(
             {
                 "optimizer": optimizer,
                 "schedule": schedule,
                 "rule": rule,
                 "seeds": sorted(r["seed"] for r in runs),
+                "n": len(runs),
                 "acc_mean": acc_mean,
                 "acc_std": acc_std,
-                "diff_points": diff,
-                "paired_diff_mean": mean_std(paired)[0] if paired else math.nan,
-                "paired_diff_std": mean_std(paired)[1] if paired else math.nan,
-                "within_target": None if schedule == "fixed" else bool(abs(diff) <= TARGET_POINTS),
+                "diff_points": acc_mean - fixed_mean,
+                "paired_seeds": paired_seeds if resized else [],
+                "paired_diffs": paired if resized else [],
+                "paired_diff_mean": diff.mean if resized else math.nan,
+                "paired_diff_std": diff.std if resized else math.nan,
+                "ci95_low": diff.low if resized else math.nan,
+                "ci95_high": diff.high if resized else math.nan,
+                "verdict": diff.verdict if resized else None,
+                # from the interval: True within, False outside, None unresolved (or the fixed row)
+                "within_target": {"outside": False, "unresolved": None}.get(diff.verdict, True)
+                if resized
+                else None,
+                "layouts": runs[0].get("layouts"),
                 "wall_s_mean": statistics.fmean(r["wall_s"] for r in runs),
                 "fit_s_mean": statistics.fmean(r["fit_s"] for r in runs),
                 "rollbacks": sum(r["rollbacks"] for r in runs),
@@ -52,16 +68,24 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _layout(row: dict[str, Any]) -> str:
+    """Processes x micro-batch x accumulation per phase, e.g. ``1x64x1, 2x32x1, 1x64x1``."""
+    layouts = row.get("layouts") or []
+    return ", ".join(f"{x['devices']}x{x['micro_batch']}x{x['accumulation']}" for x in layouts)
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The summary as a Markdown table (one row per optimizer, schedule and rule)."""
     header = [
         "opt",
         "schedule",
         "rule",
+        "procs x micro x accum",
+        "n",
         "val acc % (mean +- std)",
-        "diff pts",
-        "paired diff",
-        "<=0.5",
+        "paired diff (mean +- std)",
+        "95 % interval",
+        f"verdict (+-{TARGET_POINTS:g})",
         "wall s",
         "fit s",
         "rollb",
@@ -69,16 +93,17 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     cells = []
     for r in rows:
         fixed = r["schedule"] == "fixed"
-        within = "-" if r["within_target"] is None else ("yes" if r["within_target"] else "NO")
         cells.append(
             [
                 r["optimizer"],
                 r["schedule"],
                 r["rule"],
+                _layout(r),
+                r["n"],
                 f"{r['acc_mean']:.2f} +- {r['acc_std']:.2f}",
-                "-" if fixed else f"{r['diff_points']:+.2f}",
                 "-" if fixed else f"{r['paired_diff_mean']:+.2f} +- {r['paired_diff_std']:.2f}",
-                within,
+                "-" if fixed else f"[{r['ci95_low']:+.2f}, {r['ci95_high']:+.2f}]",
+                "-" if fixed else r["verdict"],
                 f"{r['wall_s_mean']:.1f}",
                 f"{r['fit_s_mean']:.1f}",
                 r["rollbacks"],
@@ -87,9 +112,14 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return markdown_table(header, cells)
 
 
+def _finite(value: float) -> float:
+    return value if math.isfinite(value) else math.nan  # no error bar for an unbounded interval
+
+
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     """Top: val accuracy (mean +- std over seeds) with the fixed run's mean and a +-0.5-point band.
-    Bottom: the paired difference to the fixed run of the same seed (mean +- std), target band 0 +- 0.5."""
+    Bottom: the paired difference to the fixed run of the same seed, mean and 95 % interval, target band
+    0 +- 0.5."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -140,7 +170,10 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
             bottom.errorbar(
                 xs,
                 [r["paired_diff_mean"] for _, r in points],
-                yerr=[r["paired_diff_std"] for _, r in points],
+                yerr=[
+                    [_finite(r["paired_diff_mean"] - r["ci95_low"]) for _, r in points],
+                    [_finite(r["ci95_high"] - r["paired_diff_mean"]) for _, r in points],
+                ],
                 fmt=marker,
                 color=colour,
                 capsize=3,
@@ -152,11 +185,12 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         where = "" if fixed is None else f"; fixed {fixed['acc_mean']:.2f} +- {fixed['acc_std']:.2f}"
         top.set_title(f"{optimizer}: val accuracy, mean +- std over seeds{where}", fontsize=9)
         top.set_ylabel("val/acc (%)")
-        bottom.set_title(f"{optimizer}: minus the fixed run of the same seed (mean +- std)", fontsize=9)
+        bottom.set_title(f"{optimizer}: minus the fixed run of the same seed (mean, 95 % CI)", fontsize=9)
         bottom.set_ylabel("difference (points)")
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    ncol = len(labels) if len(optimizers) > 1 else 2  # one narrow column: the legend in two rows
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04 if ncol == len(labels) else 0.08, 1, 1))
     fig.savefig(path, dpi=110)
 
 

@@ -12,7 +12,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _elastic_common import ADAM_RULES, REPO_ROOT, SCHEDULES, SGD_RULES, library_fingerprint
+from _elastic_common import (
+    ADAM_RULES,
+    EXACT,
+    REPO_ROOT,
+    SCHEDULES,
+    SGD_RULES,
+    SKIPPED,
+    exact_rule,
+    library_fingerprint,
+)
 
 
 def render_data(seed: int, train_size: int, val_size: int, path: Path) -> None:
@@ -137,6 +146,15 @@ class Bench:
             }
         return self._first[key]
 
+    def check_exact(self, name: str, layouts: list[dict[str, Any]]) -> None:
+        """Every phase of an exact-global-batch run made optimizer steps of the fixed run's global batch."""
+        batch = self.args.batch
+        whole = self.args.train_size % batch == 0  # else an epoch's last step is short
+        for layout in layouts:
+            measured = layout["samples_per_step"]
+            if layout["global_batch"] != batch or (whole and measured not in (None, batch)):
+                raise RuntimeError(f"{name}: the global batch was not kept at {batch}: {layouts}")
+
     def run(self, optimizer: str, schedule: str, rule: str, seed: int) -> dict[str, Any]:
         folder = self.workdir / f"{optimizer}-{schedule}-{rule}-seed{seed}"
         folder.mkdir()
@@ -165,6 +183,9 @@ class Bench:
                 record, wall = self.launch(cfg, folder / f"phase{number}.log")
                 phases.append({**record, "wall_s": wall})
         index_files += sorted(folder.glob("phase*-indices-rank*.json"))
+        layouts = phase_layouts(phases)
+        if rule == EXACT:
+            self.check_exact(folder.name, layouts)
         final = phases[-1]
         if final["samples_seen"] != self.total:
             raise RuntimeError(f"{folder.name}: {final['samples_seen']} samples seen, planned {self.total}")
@@ -185,11 +206,33 @@ class Bench:
             "wall_s": sum(p["wall_s"] for p in phases),
             "fit_s": sum(p["fit_s"] for p in phases),
             "rollbacks": sum(len(p["rollbacks"]) for p in phases),
+            "layouts": layouts,
             "phases": phases,
         }
 
 
+def phase_layouts(phases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per phase: processes x micro-batch x accumulation as recorded, and the samples per optimizer
+    step measured from the samples and steps the phase added (``None`` when it rolled back)."""
+    layouts, samples, steps = [], 0, 0
+    for p in phases:
+        added = p["global_step"] - steps
+        measured = (p["samples_seen"] - samples) / added if added and not p["rollbacks"] else None
+        layouts.append(
+            {
+                "devices": p["devices"],
+                "micro_batch": p["micro_batch"],
+                "accumulation": p["accumulation_applied"],
+                "global_batch": p["global_batch"],
+                "samples_per_step": measured,
+            }
+        )
+        samples, steps = p["samples_seen"], p["global_step"]
+    return layouts
+
+
 def plan(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """The (optimizer, schedule, rule) configurations to run for every seed."""
     runs: list[tuple[str, str, str]] = []
     for optimizer in args.optimizers:
         allowed = SGD_RULES if optimizer == "sgd" else ADAM_RULES
@@ -199,5 +242,46 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, str]]:
         runs.append((optimizer, "fixed", "none"))
         if "1-1-1" in args.schedules:  # the restart control: no resize, so no rule applies
             runs.append((optimizer, "1-1-1", "none"))
-        runs += [(optimizer, s, r) for s in args.schedules if s != "1-1-1" for r in rules]
+        runs += [
+            (optimizer, s, r) for s in args.schedules if s != "1-1-1" for r in rules if (r, s) not in SKIPPED
+        ]
+    if any(rule == EXACT for _, _, rule in runs):
+        check_exact_plans(args.batch, {d for _, s, r in runs if r == EXACT for d, _ in SCHEDULES[s]})
     return runs
+
+
+def check_exact_plans(batch: int, world_sizes: set[int]) -> None:
+    """Refuse, before any launch, a ``--batch`` whose exact plans do not fit the schedules: the
+    shared first phase (1 process, ``batch`` x 1) must be the exact rule's own plan for 1 process."""
+    rule = exact_rule(batch)
+    try:
+        plans = {w: rule.plan(w) for w in sorted(world_sizes)}
+    except ValueError as error:
+        raise SystemExit(f"--batch {batch}: {error}") from None
+    if (plans[1].micro_batch, plans[1].accumulation) != (batch, 1):
+        raise SystemExit(f"--batch {batch}: {rule!r} plans {plans[1]} on 1 process, not the fixed run's")
+
+
+# Rough per-launch cost on 2 shared cores (the full run of commit f723f4b): start-up and validation,
+# then training time per sample, by number of processes.
+_LAUNCH_S = {1: 5.5, 2: 6.8}
+_SAMPLE_S = {1: 0.29e-3, 2: 1.0e-3}
+
+
+def estimate_seconds(
+    runs: list[tuple[str, str, str]], seeds: int, total: int, ends: tuple[int, int]
+) -> float:
+    """A rough wall time of the plan: per seed, every launch's start-up plus its samples' training."""
+    bounds = (0, *ends, total)
+
+    def launch(devices: int, samples: int) -> float:
+        return _LAUNCH_S[devices] + _SAMPLE_S[devices] * samples
+
+    per_seed = sum(launch(1, bounds[1]) for optimizer in {o for o, s, _ in runs if s != "fixed"})
+    for _, schedule, _ in runs:
+        phases = SCHEDULES[schedule]
+        if schedule == "fixed":
+            per_seed += launch(1, total)
+        else:
+            per_seed += sum(launch(d, bounds[i + 1] - bounds[i]) for i, (d, _) in enumerate(phases) if i)
+    return seeds * per_seed

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
-from _elastic_common import library_fingerprint
+from _elastic_common import EXACT, exact_rule, library_fingerprint
 
 
 def worker(cfg: dict[str, Any]) -> None:
@@ -95,10 +96,11 @@ def worker(cfg: dict[str, Any]) -> None:
         "small_cnn", width=cfg["width"], lr_schedule="samples", learning_rate=cfg["lr"], momentum=0.9
     )
     recorder = RecordIndices(lookup)
+    rule = exact_rule(cfg["batch"]) if cfg["rule"] == EXACT else rule_from_name(cfg["rule"])
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=cfg["devices"],
-        strategy=ElasticDDPStrategy(rule=rule_from_name(cfg["rule"]), cpu_threads=1, seed=cfg["seed"]),
+        strategy=ElasticDDPStrategy(rule=rule, cpu_threads=1, seed=cfg["seed"]),
         max_epochs=cfg["epochs"],
         accumulate_grad_batches=cfg["accumulation"],
         logger=False,
@@ -130,10 +132,14 @@ def worker(cfg: dict[str, Any]) -> None:
             c.scheduler for c in trainer.lr_scheduler_configs if isinstance(c.scheduler, SampleSchedule)
         )
         applied = strategy.applied
+        micro_batch = strategy.sampler.batch_size  # the training loader's, after any rebuild
         record.update(
             devices=cfg["devices"],
             accumulation_launched=cfg["accumulation"],
             accumulation_applied=trainer.accumulate_grad_batches,
+            micro_batch=micro_batch,
+            global_batch=cfg["devices"] * micro_batch * trainer.accumulate_grad_batches,
+            plan=None if strategy.plan is None else dataclasses.asdict(strategy.plan),
             rule=cfg["rule"],
             samples_seen=strategy.samples_seen,
             global_step=trainer.global_step,
