@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
 import logging
 import os
 import platform
@@ -43,6 +42,7 @@ import lightning
 import torch
 
 from lightning_bandlimit.cli import BandLimitCLI, recipe_path
+from lightning_bandlimit.main_summary import SUMMARY_NAME
 from lightning_bandlimit.memory.cotenant import RampTrace
 from lightning_bandlimit.multitenant import (
     HOST_ALLOCATOR_ENV,
@@ -60,6 +60,7 @@ from lightning_bandlimit.utils.command_line import (
     exit_with_error,
     one_line_error,
 )
+from lightning_bandlimit.utils.files import atomic_write_json
 from lightning_bandlimit.utils.validation import check_real
 
 __all__ = ["main"]
@@ -275,7 +276,7 @@ def main(
         },
         "threads": torch.get_num_threads(),
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    atomic_write_json(run_dir / SUMMARY_NAME, summary)
     print()
     print(_table(rows, budget))
     share = adaptive.bn_recalibration_seconds / adaptive.wall_s if adaptive.wall_s else float("nan")

@@ -23,7 +23,7 @@ def recipes() -> dict[str, str]:
 
     Example:
         >>> sorted(recipes())
-        ['cifar10-resnet18', 'elastic', 'quickstart', 'robustness', 'robustness_study']
+        ['cifar10-resnet18', 'elastic', 'elastic_exact', 'quickstart', 'robustness', 'robustness_study']
     """
     found = {}
     for path in sorted(RECIPES_DIR.glob("*.yaml")):

@@ -31,7 +31,14 @@ TINY = [
 def test_recipes_are_listed(capsys: pytest.CaptureFixture[str]) -> None:
     main(["recipes"])
     out = capsys.readouterr().out
-    assert set(recipes()) == {"quickstart", "cifar10-resnet18", "elastic", "robustness", "robustness_study"}
+    assert set(recipes()) == {
+        "quickstart",
+        "cifar10-resnet18",
+        "elastic",
+        "elastic_exact",
+        "robustness",
+        "robustness_study",
+    }
     assert "quickstart" in out and "CIFAR-10" in out
 
 
@@ -40,7 +47,9 @@ def test_unknown_recipe_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> 
         main(["fit", "--config", "no-such-recipe"])
     assert exit_info.value.code == 2
     assert "no-such-recipe" in capsys.readouterr().err
-    with pytest.raises(FileNotFoundError, match="recipes: cifar10-resnet18, elastic, quickstart, robustness"):
+    with pytest.raises(
+        FileNotFoundError, match="recipes: cifar10-resnet18, elastic, elastic_exact, quickstart, robustness"
+    ):
         recipe_path("no-such-recipe")
 
 

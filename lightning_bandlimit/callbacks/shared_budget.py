@@ -13,8 +13,8 @@ from lightning_bandlimit.callbacks.adaptive_band_limit import AdaptiveBandLimit
 from lightning_bandlimit.callbacks.band_limit import BandLimit
 from lightning_bandlimit.memory.budget import SharedBudgetProbe
 from lightning_bandlimit.memory.cotenant import CoTenant, RampTrace
-from lightning_bandlimit.memory.probes import _as_bytes
 from lightning_bandlimit.memory.process import peak_resident_bytes, reset_peak_resident, resident_bytes
+from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["SharedBudget", "over_budget_steps"]
 
@@ -67,9 +67,7 @@ class SharedBudget(Callback):
     def __init__(self, budget: int | None, trace: RampTrace, chunk_bytes: int = 2**20) -> None:
         super().__init__()
         if budget is not None:
-            budget = _as_bytes("budget", budget)
-            if budget <= 0:
-                raise ValueError(f"budget must be a positive number of bytes, got {budget}")
+            budget = check_int("budget", budget, minimum=1)
         if not isinstance(trace, RampTrace):
             raise TypeError(f"trace must be a RampTrace, got {type(trace).__name__}")
         self.budget, self.trace, self.chunk_bytes = budget, trace, chunk_bytes

@@ -41,12 +41,7 @@ from lightning_bandlimit.memory._torch import as_device
 from lightning_bandlimit.memory.cuda import CudaProbe
 from lightning_bandlimit.memory.host import HostMemoryProbe
 from lightning_bandlimit.memory.nvml import NVMLProbe
-from lightning_bandlimit.memory.protocol import (  # noqa: F401 -- _as_bytes: for callbacks.shared_budget
-    MemoryProbe,
-    MemoryReading,
-    ProbeUnavailable,
-    _as_bytes,
-)
+from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable
 from lightning_bandlimit.memory.scripted import ScriptedProbe
 
 __all__ = [

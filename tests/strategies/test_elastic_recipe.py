@@ -1,4 +1,5 @@
-"""The packaged ``elastic`` recipe: every launch resumes by itself, a resize rescales by rule."""
+"""The packaged ``elastic`` recipes: every launch resumes by itself, a resize rescales by rule or,
+with ``elastic_exact``, keeps the global batch exactly."""
 
 import os
 import subprocess
@@ -10,14 +11,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _fit(run: Path, devices: int, max_steps: int) -> str:
+def _fit(run: Path, devices: int, max_steps: int, config: str = "elastic", expect_ok: bool = True) -> str:
     args = [
         sys.executable,
         "-m",
         "lightning_bandlimit",
         "fit",
         "--config",
-        "elastic",
+        config,
         "--trainer.default_root_dir",
         str(run),
         "--trainer.logger",
@@ -39,7 +40,7 @@ def _fit(run: Path, devices: int, max_steps: int) -> str:
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(args, cwd=run.parent, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert (proc.returncode == 0) == expect_ok, proc.stderr[-4000:]
     return proc.stdout + proc.stderr
 
 
@@ -53,3 +54,21 @@ def test_relaunch_resumes_without_ckpt_path_and_rescales(tmp_path: Path) -> None
     saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)
     assert saved["global_step"] == 8 and saved["elastic_ddp"]["world_size"] == 2
     assert saved["elastic_ddp"]["applied"]["lr"] == 2 * saved["elastic_ddp"]["reference"]["lr"]
+
+
+def test_elastic_exact_keeps_the_global_batch_and_refuses_an_inexact_world_size(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    first = _fit(run, devices=1, max_steps=2, config="elastic_exact")
+    assert "global batch 128 on 1 processes = micro-batch 32 x accumulation 4" in first
+    assert "world sizes with an exact global batch of 128: [1, 2, 4]" in first
+    second = _fit(run, devices=2, max_steps=4, config="elastic_exact")
+    assert "micro-batch 32 x accumulation 2" in second and "world size 1 -> 2" in second
+    saved = torch.load(run / "checkpoints" / "last.ckpt", weights_only=False)["elastic_ddp"]
+    reference, applied = saved["reference"], saved["applied"]
+    assert (reference["world_size"], reference["per_device_batch"], reference["accumulation"]) == (1, 32, 4)
+    assert (applied["world_size"], applied["per_device_batch"], applied["accumulation"]) == (2, 32, 2)
+    assert applied["lr"] == reference["lr"]  # the same global batch: nothing to rescale
+    before = (run / "checkpoints" / "last.ckpt").stat().st_mtime_ns
+    refused = _fit(run, devices=3, max_steps=6, config="elastic_exact", expect_ok=False)
+    assert "on 3 processes; valid world sizes: [1, 2, 4]" in refused
+    assert (run / "checkpoints" / "last.ckpt").stat().st_mtime_ns == before  # nothing was written
