@@ -119,6 +119,7 @@ def _train_at_075_then_validate_at_0(tmp_path: Path, recalibrate_bn: int) -> tup
     return validated, float(torch.cat(hits).mean()), band
 
 
+@pytest.mark.slow  # trains twice, 48 steps each
 def test_trained_at_075_evaluated_at_0_drops_without_recalibration_and_recovers_with_it(
     tmp_path: Path,
 ) -> None:
