@@ -1,4 +1,9 @@
-"""Shared test settings: deterministic, small, CPU-friendly."""
+"""Shared test settings and fixtures: deterministic, small, CPU-friendly.
+
+Helpers that the scripts started in subprocesses need too live in ``_helpers.py`` (no pytest).
+"""
+
+from collections.abc import Callable
 
 import lightning.pytorch as pl
 import pytest
@@ -25,3 +30,15 @@ class StopAfter(pl.Callback):
 def stop_after() -> type[StopAfter]:
     """The :class:`StopAfter` callback class (for resume-from-checkpoint tests)."""
     return StopAfter
+
+
+@pytest.fixture
+def error_line(capsys: pytest.CaptureFixture[str]) -> Callable[[], str]:
+    """Reads what was printed to stderr so far: no traceback in it; returns its last non-blank line."""
+
+    def read() -> str:
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        return [line for line in err.splitlines() if line.strip()][-1]
+
+    return read

@@ -6,6 +6,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+from _helpers import cpu_trainer
 from torch import nn
 from torch.optim.swa_utils import update_bn
 
@@ -101,17 +102,12 @@ def _train_at_075_then_validate_at_0(tmp_path: Path, recalibrate_bn: int) -> tup
     model = ImageClassifier("small_cnn", width=8, learning_rate=0.05)
     band = BandLimit(0.75, recalibrate_bn=recalibrate_bn)
     steps = 3 * 1024 // 64
-    trainer = pl.Trainer(
+    trainer = cpu_trainer(
         default_root_dir=tmp_path,
-        accelerator="cpu",
         max_epochs=3,
         check_val_every_n_epoch=3,
         num_sanity_val_steps=0,
         callbacks=[band, _SwitchAfter(band, 0.0, steps)],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(model, data)
     validated = float(trainer.callback_metrics["val/acc"])
@@ -123,6 +119,7 @@ def _train_at_075_then_validate_at_0(tmp_path: Path, recalibrate_bn: int) -> tup
     return validated, float(torch.cat(hits).mean()), band
 
 
+@pytest.mark.slow  # trains twice, 48 steps each
 def test_trained_at_075_evaluated_at_0_drops_without_recalibration_and_recovers_with_it(
     tmp_path: Path,
 ) -> None:
@@ -157,16 +154,8 @@ def test_adaptive_callback_changes_mark_statistics_stale_and_training_end_reesti
             recent[:] = [*recent[-1:], copy.deepcopy(batch)]
 
     model = ImageClassifier("small_cnn", width=4)
-    trainer = pl.Trainer(
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        max_steps=6,
-        limit_val_batches=0,
-        callbacks=[band, Spy()],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    trainer = cpu_trainer(
+        default_root_dir=tmp_path, max_steps=6, limit_val_batches=0, callbacks=[band, Spy()]
     )
     trainer.fit(model, SyntheticImageDataModule(train_size=64, val_size=8, batch_size=8))
     changes = sum(a["compression"] != b["compression"] for a, b in zip(band.decisions, band.decisions[1:]))
@@ -196,17 +185,7 @@ def test_a_module_without_forward_gets_one_warning_and_trains(tmp_path: Path) ->
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     band = BandLimit(0.5)
-    trainer = pl.Trainer(
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        max_steps=2,
-        limit_val_batches=0,
-        callbacks=[band],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = cpu_trainer(default_root_dir=tmp_path, max_steps=2, limit_val_batches=0, callbacks=[band])
     with pytest.warns(UserWarning, match="defines no forward"):
         trainer.fit(NoForward(), SyntheticImageDataModule(train_size=16, val_size=8, batch_size=8))
     band.compression = 0.25  # nothing to re-estimate with: no error

@@ -1,7 +1,5 @@
 """AdaptiveBandLimit: scripted co-tenants, resume, OOM backstop, DDP agreement, a real co-tenant."""
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +7,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer, run_ddp_script
 
 from lightning_bandlimit import bandlimited_layers
 from lightning_bandlimit.callbacks import AdaptiveBandLimit
@@ -20,17 +19,8 @@ GIB = 1 << 30
 
 
 def _trainer(tmp_path: Path, callbacks: list, max_steps: int, **kwargs: object) -> pl.Trainer:
-    return pl.Trainer(
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        max_steps=max_steps,
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=callbacks,
-        **kwargs,
+    return cpu_trainer(
+        callbacks, default_root_dir=tmp_path, max_steps=max_steps, limit_val_batches=0, **kwargs
     )
 
 
@@ -39,17 +29,7 @@ def _data(n: int = 64) -> SyntheticImageDataModule:
 
 
 def _callback(frees: list[int], **kwargs: object) -> AdaptiveBandLimit:
-    defaults = dict(
-        min_free=0.2,
-        release_free=0.4,
-        check_every_n_steps=1,
-        raise_step=0.3,
-        lower_step=0.1,
-        release_checks=2,
-        cooldown_checks=1,
-        max_compression=0.9,
-    )
-    defaults.update(kwargs)
+    defaults = {**SCRIPTED_ADAPTIVE, "max_compression": 0.9, **kwargs}
     # frees are thousandths of a 1-GiB device, so the job's learned memory (hundreds of KiB)
     # is on the same scale as the thresholds
     unit = GIB // 1000
@@ -151,14 +131,9 @@ def test_bad_arguments() -> None:
         AdaptiveBandLimit(min_free=0.3, release_free=0.2)
 
 
+@pytest.mark.slow
 def test_ddp_ranks_apply_the_same_compression_on_the_same_step(tmp_path: Path) -> None:
-    script = Path(__file__).with_name("ddp_adaptive_script.py")
-    env = {**os.environ, "BANDLIMIT_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    ranks = run_ddp_script(Path(__file__).with_name("ddp_adaptive_script.py"), tmp_path)
     assert ranks[0]["timeline"] == ranks[1]["timeline"]
     assert max(c for _, c in ranks[0]["timeline"]) > 0  # rank 1's pressure raised both
     assert ranks[0]["layers"] == ranks[1]["layers"]
@@ -196,6 +171,7 @@ class _CoTenant(pl.Callback):
             self.proc = None
 
 
+@pytest.mark.slow
 def test_real_cotenant_on_host_memory(tmp_path: Path) -> None:
     probe = HostMemoryProbe()
     available = probe.read().free

@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from _helpers import cpu_trainer
 from torch import nn
 
 from lightning_bandlimit.data.cifar10 import (
@@ -390,17 +391,7 @@ def test_lightning_fit_and_test(folder: Path) -> None:
     dm = CIFAR10DataModule(folder.parent, batch_size=4, val_size=8)
     model = TinyClassifier()
     before = model.net[1].weight.detach().clone()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        limit_train_batches=2,
-        limit_val_batches=1,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = cpu_trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, num_sanity_val_steps=0)
     trainer.fit(model, datamodule=dm)
     assert trainer.state.finished
     assert model.seen_train == 8 and model.seen_val == 4

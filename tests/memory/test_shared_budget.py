@@ -6,6 +6,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from _helpers import cpu_trainer
 
 from lightning_bandlimit.callbacks import AdaptiveBandLimit, SharedBudget
 from lightning_bandlimit.data import SyntheticImageDataModule
@@ -38,6 +39,7 @@ def test_process_memory_of_a_missing_process_is_an_error_that_names_the_file() -
         resident_bytes(999999999)
 
 
+@pytest.mark.slow
 def test_cotenant_grows_shrinks_and_reports_its_own_resident_set() -> None:
     with CoTenant() as other:
         idle = other.resident
@@ -84,19 +86,10 @@ def test_shared_budget_probe_subtracts_both_and_clips_and_fails_as_unavailable()
 
 
 def _trainer(tmp_path: Path, callbacks: list[pl.Callback], steps: int) -> pl.Trainer:
-    return pl.Trainer(
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        max_steps=steps,
-        limit_val_batches=0,
-        callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    return cpu_trainer(default_root_dir=tmp_path, max_steps=steps, limit_val_batches=0, callbacks=callbacks)
 
 
+@pytest.mark.slow
 def test_shared_budget_moves_the_cotenant_measures_each_step_and_counts_overdrafts(tmp_path: Path) -> None:
     trace = RampTrace(low=0, high=64 * MIB, start=0.25, ramp=0.25, leave=0.75)
     shared = SharedBudget(budget=None, trace=trace)
@@ -129,6 +122,7 @@ def test_shared_budget_must_come_before_the_adaptive_callback(tmp_path: Path) ->
         )
 
 
+@pytest.mark.slow
 def test_adaptive_callback_raises_compression_when_the_cotenant_eats_the_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,6 +5,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+from _helpers import cpu_trainer
 
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.models import ImageClassifier, build_backbone, cifar_resnet18
@@ -43,15 +44,7 @@ def test_argument_checks() -> None:
 
 def test_trains_logs_metrics_and_uses_a_per_step_schedule(tmp_path: Path) -> None:
     model = ImageClassifier("small_cnn", width=4, learning_rate=0.05)
-    trainer = pl.Trainer(
-        default_root_dir=tmp_path,
-        accelerator="cpu",
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = cpu_trainer(default_root_dir=tmp_path, max_epochs=2)
     data = SyntheticImageDataModule(train_size=32, val_size=16, test_size=16, batch_size=8)
     trainer.fit(model, data)
     assert {"train/loss_epoch", "train/acc", "val/loss", "val/acc"} <= set(trainer.callback_metrics)
@@ -64,7 +57,6 @@ def test_trains_logs_metrics_and_uses_a_per_step_schedule(tmp_path: Path) -> Non
 
 
 def test_sample_schedule_needs_the_elastic_strategy() -> None:
-    import lightning.pytorch as pl
 
     from lightning_bandlimit.data import SyntheticImageDataModule
 

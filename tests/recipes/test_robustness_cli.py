@@ -11,6 +11,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
+from _helpers import cpu_trainer
 from torch import nn
 from torchattacks.attack import Attack
 
@@ -34,15 +35,12 @@ STUDY = PACKAGED.parent / "robustness_study.yaml"
 
 def _checkpoint(folder: Path, callbacks: list[pl.Callback]) -> Path:
     torch.manual_seed(0)
-    trainer = pl.Trainer(
+    trainer = cpu_trainer(
         max_steps=2,
         limit_val_batches=1,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         default_root_dir=folder,
         callbacks=callbacks,
-        accelerator="cpu",
+        enable_checkpointing=True,
     )
     trainer.fit(
         ImageClassifier("small_cnn", width=4),
@@ -90,6 +88,7 @@ def test_main_run_checkpoints(tmp_path: Path, checkpoints: dict[str, Path]) -> N
         main_run_checkpoints("latest", tmp_path / "empty")
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(
     tmp_path: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -122,6 +121,7 @@ def test_cli_end_to_end(
     assert "# Robustness evaluation" in printed and "| band-limited | fgsm |" in printed
 
 
+@pytest.mark.slow
 def test_cli_replicates_and_a_model_band(
     tmp_path: Path, checkpoints: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -234,6 +234,7 @@ def test_cli_bad_values_end_in_one_line(
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_command_line_error_and_help(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "lightning_bandlimit", "robustness"]
     bad = subprocess.run(
@@ -251,6 +252,7 @@ def test_command_line_error_and_help(tmp_path: Path) -> None:
     assert helped.returncode == 0 and "--heat_map_eps" in helped.stdout and "--main_run" in helped.stdout
 
 
+@pytest.mark.slow
 def test_cli_strict_exits_after_writing(
     tmp_path: Path,
     checkpoints: dict[str, Path],

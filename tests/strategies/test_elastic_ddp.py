@@ -59,6 +59,7 @@ def _check_curve(steps: list[dict], scale_of_world: dict[int, float]) -> None:
         assert t["lr"] == pytest.approx(expected, rel=1e-6), t
 
 
+@pytest.mark.slow
 def test_resize_2_to_1_to_2_exactly_once_on_the_curve(tmp_path: Path) -> None:
     # 96 samples, batch 8: 6 global steps per epoch on 2 ranks, 12 on 1. Checkpoints every 4 steps.
     _launch(tmp_path, "a", devices=2, max_steps=4)  # epoch 0: 64 samples, checkpoint at step 4
@@ -93,6 +94,7 @@ def test_resize_2_to_1_to_2_exactly_once_on_the_curve(tmp_path: Path) -> None:
     assert b[0]["threads"] == cores and {r["threads"] for r in a} == {max(1, cores // 2)}
 
 
+@pytest.mark.slow
 def test_keep_global_batch_accumulates_on_fewer_ranks(tmp_path: Path) -> None:
     _launch(tmp_path, "a", devices=2, max_steps=2, rule="keep", every=2)
     _launch(tmp_path, "b", devices=1, max_steps=4, rule="keep", every=2, resume="last")
@@ -105,6 +107,7 @@ def test_keep_global_batch_accumulates_on_fewer_ranks(tmp_path: Path) -> None:
     assert steps[-1]["samples_seen"] == 4 * 16
 
 
+@pytest.mark.slow
 def test_stability_guard_rolls_back_a_bad_rule(tmp_path: Path) -> None:
     _launch(tmp_path, "a", devices=1, max_steps=8, rule="x1000", every=8)
     _launch(tmp_path, "b", devices=2, max_steps=40, rule="x1000", every=100, resume="last")
@@ -123,6 +126,7 @@ def test_stability_guard_rolls_back_a_bad_rule(tmp_path: Path) -> None:
     assert b[0]["progress"][0] == pytest.approx(b[0]["trained"][-1]["samples_seen"])
 
 
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_to_resume_from(tmp_path: Path) -> None:
     proc = _launch(tmp_path, "a", devices=1, max_steps=50, every=100, sigterm_at=3, expect_ok=False)
     assert "saved" in proc.stderr + proc.stdout and "on SIGTERM" in proc.stderr + proc.stdout
@@ -137,6 +141,7 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -155,6 +160,7 @@ def test_incompatible_checkpoint_fails_before_writing(tmp_path: Path, change: di
     assert _snapshot(tmp_path / "ckpt") == before
 
 
+@pytest.mark.slow
 def test_adascale_measures_a_gain_between_1_and_the_scale(tmp_path: Path) -> None:
     _launch(tmp_path, "a", devices=1, max_steps=4, rule="adascale")
     _launch(tmp_path, "b", devices=2, max_steps=10, rule="adascale", resume="last", guard=False)

@@ -6,7 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.slow  # starts processes
 
 ROOT = Path(__file__).resolve().parents[2]
 

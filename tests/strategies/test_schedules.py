@@ -11,6 +11,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from _helpers import cpu_trainer
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -286,17 +287,7 @@ class _AdvanceBySamples(pl.Callback):
 def test_lightning_fit_follows_the_curve(tmp_path: Any) -> None:
     data = TensorDataset(torch.randn(40, 4), torch.randn(40, 1))
     callback = _AdvanceBySamples()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=14,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[callback],
-    )
+    trainer = cpu_trainer(devices=1, max_steps=14, default_root_dir=tmp_path, callbacks=[callback])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(_Regression(total=80, warmup=16), DataLoader(data, batch_size=8))

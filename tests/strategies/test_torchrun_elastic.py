@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts processes
+
 WORKER = Path(__file__).with_name("torchrun_worker.py")
 MAX_STEPS = 120
 

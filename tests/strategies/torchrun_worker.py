@@ -4,7 +4,6 @@ argv: out_dir max_steps. Each launch writes <out>/launch-<ns>-rank<r>.json when 
 every step updates <out>/progress-rank<r>.json.
 """
 
-import json
 import os
 import sys
 import time
@@ -17,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_bandlimit.callbacks import ElasticCheckpoint
 from lightning_bandlimit.strategies import ElasticDDPStrategy, LinearScaling
+from lightning_bandlimit.utils.files import atomic_write_json
 
 
 class Tiny(pl.LightningModule):
@@ -33,13 +33,9 @@ class Tiny(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
 
-def _write(path: Path, record: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    os.replace(tmp, path)
+class LaunchReport(pl.Callback):
+    """Writes what each launch starts from, and each step's progress (atomically: the test polls them)."""
 
-
-class Report(pl.Callback):
     def __init__(self, out: Path) -> None:
         self.out = out
 
@@ -50,7 +46,7 @@ class Report(pl.Callback):
             return
         self.started = True
         strategy = trainer.strategy
-        _write(
+        atomic_write_json(
             self.out / f"launch-{time.time_ns()}-rank{trainer.global_rank}.json",
             {
                 "world_size": trainer.world_size,
@@ -63,7 +59,7 @@ class Report(pl.Callback):
         )
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-        _write(
+        atomic_write_json(
             self.out / f"progress-rank{trainer.global_rank}.json",
             {"step": trainer.global_step, "world_size": trainer.world_size, "pid": os.getpid()},
         )
@@ -81,10 +77,10 @@ if __name__ == "__main__":
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[ElasticCheckpoint(dirpath=out / "ckpt", every_n_train_steps=5), Report(out)],
+        callbacks=[ElasticCheckpoint(dirpath=out / "ckpt", every_n_train_steps=5), LaunchReport(out)],
     )
     trainer.fit(Tiny(), DataLoader(data, batch_size=8, shuffle=True), ckpt_path="last")
-    _write(
+    atomic_write_json(
         out / f"done-rank{trainer.global_rank}.json",
         {"step": trainer.global_step, "world_size": trainer.world_size},
     )

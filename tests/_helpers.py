@@ -1,0 +1,76 @@
+"""Helpers shared by the tests and by the scripts they start in subprocesses (so: no pytest here).
+
+Test files import them as ``from _helpers import ...`` (``tests`` is on pytest's ``pythonpath``);
+a script finds this module when its test starts it with :func:`run_ddp_script` or :func:`script_env`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+# A quiet trainer: nothing written or printed unless a test asks for it.
+QUIET = {
+    "logger": False,
+    "enable_checkpointing": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+}
+
+# AdaptiveBandLimit settings for scripted probes (free memory in thousandths of the device):
+# raise on the first check under 20 % free, give back after two checks over 40 %.
+SCRIPTED_ADAPTIVE = {
+    "min_free": 0.2,
+    "release_free": 0.4,
+    "check_every_n_steps": 1,
+    "raise_step": 0.3,
+    "lower_step": 0.1,
+    "release_checks": 2,
+    "cooldown_checks": 1,
+}
+
+
+def cpu_trainer(callbacks: Iterable[pl.Callback] = (), **kwargs: Any) -> pl.Trainer:
+    """A CPU trainer without logger, checkpoints, progress bar or model summary; ``kwargs`` override."""
+    return pl.Trainer(callbacks=list(callbacks), **{"accelerator": "cpu", **QUIET, **kwargs})
+
+
+def script_env(**extra: str) -> dict[str, str]:
+    """The environment for a script a test starts: the package and this folder importable, unbuffered."""
+    paths = [str(ROOT), str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1", **extra}
+
+
+def run_ddp_script(script: Path, out: Path, ranks: int = 2, **env: str) -> list[dict[str, Any]]:
+    """Run a DDP ``script`` in ``out`` (its ``BANDLIMIT_OUT``); each rank's :class:`Report`, by rank."""
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=out,
+        env=script_env(BANDLIMIT_OUT=str(out), **env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(ranks)]
+
+
+class Report(pl.Callback):
+    """In a script: writes ``$BANDLIMIT_OUT/rank<r>.json``, what ``collect`` returns when training ends."""
+
+    def __init__(self, collect: Callable[[pl.Trainer, pl.LightningModule], dict[str, Any]]) -> None:
+        self.collect = collect
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        out = Path(os.environ["BANDLIMIT_OUT"]) / f"rank{trainer.global_rank}.json"
+        out.write_text(json.dumps(self.collect(trainer, pl_module)))
