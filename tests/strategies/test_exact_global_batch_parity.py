@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow  # real gloo processes, ten launches
+
 SCRIPT = Path(__file__).with_name("exact_batch_script.py")
 TOLERANCE = 1e-10
 TOTAL_STEPS = 12
