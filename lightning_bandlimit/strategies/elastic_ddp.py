@@ -227,22 +227,8 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
 
     def _announce_plan(self, dataloader: object) -> None:
         assert isinstance(self.rule, ExactGlobalBatch) and self.plan is not None
-        plan, given = self.plan, getattr(dataloader, "batch_size", None)
-        replaced = (
-            "" if given == plan.micro_batch else f" (the training loader's batch_size {given} is replaced)"
-        )
-        message = (
-            f"ElasticDDPStrategy: global batch {plan.global_batch} on {plan.world_size} processes = "
-            f"micro-batch {plan.micro_batch} x accumulation {plan.accumulation}{replaced}; world sizes "
-            f"with an exact global batch of {self.rule.global_batch}: {self.rule.valid_world_sizes()}"
-        )
-        if plan.exact:
-            rank_zero_info(message)
-        else:
-            rank_zero_warn(
-                f"{message}. No exact plan exists for {plan.world_size} processes: training at the nearest "
-                f"global batch {plan.global_batch} with the LR rescaled linearly (fallback=True)"
-            )
+        message = self.rule.describe(self.plan, getattr(dataloader, "batch_size", None))
+        (rank_zero_info if self.plan.exact else rank_zero_warn)(f"ElasticDDPStrategy: {message}")
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -160,6 +160,38 @@ class ExactGlobalBatch(ScalingRule):
         # nearest global batch; then the larger micro-batch (fewer, faster steps)
         return min(candidates, key=lambda p: (abs(p.global_batch - self.global_batch), -p.micro_batch))
 
+    def describe(self, plan: MicroBatchPlan, loader_batch: int | None = None) -> str:
+        """One line saying what ``plan`` runs, the valid world sizes and, for a fallback, the LR.
+
+        Args:
+            plan: a plan of this rule.
+            loader_batch: the training loader's own ``batch_size``, said to be replaced when it
+                differs from the plan's micro-batch.
+
+        Example:
+            >>> rule = ExactGlobalBatch(128, micro_batches=[32, 64])
+            >>> rule.describe(rule.plan(2), loader_batch=32)  # doctest: +NORMALIZE_WHITESPACE
+            "global batch 128 on 2 processes = micro-batch 64 x accumulation 1 (the training
+            loader's batch_size 32 is replaced); world sizes with an exact global batch of 128:
+            [1, 2, 4]"
+        """
+        replaced = (
+            ""
+            if loader_batch in (None, plan.micro_batch)
+            else f" (the training loader's batch_size {loader_batch} is replaced)"
+        )
+        message = (
+            f"global batch {plan.global_batch} on {plan.world_size} processes = micro-batch "
+            f"{plan.micro_batch} x accumulation {plan.accumulation}{replaced}; world sizes with an exact "
+            f"global batch of {self.global_batch}: {self.valid_world_sizes()}"
+        )
+        if not plan.exact:
+            message += (
+                f". No exact plan exists for {plan.world_size} processes: training at the nearest global "
+                f"batch {plan.global_batch} with the LR rescaled linearly (fallback=True)"
+            )
+        return message
+
     def adjust(
         self,
         reference: TrainingConfig,
