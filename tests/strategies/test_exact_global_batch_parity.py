@@ -15,7 +15,6 @@ sample in a step, a rescaled LR, BatchNorm statistics over another batch) moves 
 """
 
 import json
-import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import script_env
 
 pytestmark = pytest.mark.slow  # real gloo processes, ten launches
 
@@ -36,14 +36,13 @@ _BATCHNORM_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 def _launch(out: Path, tag: str, devices: int, max_steps: int, **cfg: object) -> None:
     config = {"devices": devices, "max_steps": max_steps, "out": str(out), "tag": tag, **cfg}
     config.setdefault("max_total_steps", TOTAL_STEPS)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), json.dumps(config)],
         cwd=out,
         capture_output=True,
         text=True,
         timeout=300,
-        env=env,
+        env=script_env(),
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
 
