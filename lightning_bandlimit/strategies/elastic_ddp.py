@@ -72,7 +72,6 @@ from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
 from lightning_bandlimit.strategies.exact_global_batch import ExactGlobalBatch, MicroBatchPlan
 from lightning_bandlimit.strategies.scaling import (
     AdaScale,
-    KeepGlobalBatch,
     ScalingRule,
     TrainingConfig,
     default_rule,
@@ -359,8 +358,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
 
     def _apply_rule(self, trainer: pl.Trainer, damping: float) -> None:
         assert self.reference is not None and self.applied is not None and self.rule is not None
-        chooses_accumulation = isinstance(self.rule, (KeepGlobalBatch, ExactGlobalBatch))
-        accumulation = None if chooses_accumulation else self._launched_accumulation
+        accumulation = None if self.rule.chooses_accumulation else self._launched_accumulation
         target = self.rule.adjust(self.reference, self.world_size, damping, accumulation=accumulation)
         apply_config(trainer.optimizers, self._schedulers(trainer), self.applied, target)
         trainer.accumulate_grad_batches = target.accumulation

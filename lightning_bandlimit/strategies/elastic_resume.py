@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from lightning_bandlimit.strategies.elastic_resize import Rewarm
-from lightning_bandlimit.strategies.exact_global_batch import ExactGlobalBatch
 from lightning_bandlimit.strategies.scaling import ScalingRule, TrainingConfig
 
 __all__ = [
@@ -164,11 +163,11 @@ def check_resumable(
         path: the checkpoint's path, for messages.
 
     Raises:
-        ValueError: for another per-device batch (unless the rule is :class:`ExactGlobalBatch`,
-            which chooses it), another optimizer family, or a rule that does not apply.
+        ValueError: for another per-device batch (unless the rule chooses it, as
+            :class:`ExactGlobalBatch` does), another optimizer family, or a rule that does not apply.
     """
     where = f"the checkpoint {path}"
-    if launched.per_device_batch != reference.per_device_batch and not isinstance(rule, ExactGlobalBatch):
+    if launched.per_device_batch != reference.per_device_batch and not rule.chooses_micro_batch:
         raise ValueError(
             f"ElasticDDPStrategy: {where} was planned with a per-device batch of "
             f"{reference.per_device_batch}, this run has {launched.per_device_batch}; the rules rescale for "

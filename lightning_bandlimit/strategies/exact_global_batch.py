@@ -85,6 +85,8 @@ class ExactGlobalBatch(ScalingRule):
     """
 
     name = "exact-global-batch"
+    chooses_accumulation = True
+    chooses_micro_batch = True
 
     def __init__(
         self,

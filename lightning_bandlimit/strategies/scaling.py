@@ -95,6 +95,10 @@ class ScalingRule(ABC):
     """Maps a reference configuration to one for a new world size (see the module docstring)."""
 
     name: str = "rule"
+    #: whether :meth:`adjust` chooses the gradient accumulation (it then ignores ``accumulation``)
+    chooses_accumulation: bool = False
+    #: whether :meth:`adjust` chooses the per-device micro-batch (a resume may then change it)
+    chooses_micro_batch: bool = False
 
     @abstractmethod
     def adjust(
@@ -230,6 +234,7 @@ class KeepGlobalBatch(ScalingRule):
     """
 
     name = "keep-global-batch"
+    chooses_accumulation = True
 
     def __init__(self, max_accumulation: int = 64) -> None:
         if max_accumulation < 1:
