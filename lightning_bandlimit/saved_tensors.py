@@ -6,7 +6,7 @@ one tensor in memory. Parameters are left out by default: they are alive anyway.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable
 from types import TracebackType
 
 import torch
@@ -20,6 +20,8 @@ class SavedTensorMeter:
     Args:
         exclude: tensors whose storages are not counted (by default: none; pass
             ``model.parameters()`` to measure activations only).
+        label: called as each storage is first saved; what it returns (e.g. the module running
+            then) groups the bytes in :attr:`bytes_by_label`.
 
     Example:
         >>> from torch import nn
@@ -31,15 +33,28 @@ class SavedTensorMeter:
         True
     """
 
-    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(
+        self, exclude: Iterable[torch.Tensor] = (), label: Callable[[], Hashable] | None = None
+    ) -> None:
         self._excluded = {t.untyped_storage().data_ptr() for t in exclude}
         self._storages: dict[int, int] = {}
+        self._label = label
+        self._labels: dict[int, Hashable] = {}
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
 
     @property
     def bytes(self) -> int:
         """Total bytes of the unique storages saved so far."""
         return sum(self._storages.values())
+
+    @property
+    def bytes_by_label(self) -> dict[Hashable, int]:
+        """Bytes of the unique storages saved so far, grouped by ``label()`` at their first save."""
+        grouped: dict[Hashable, int] = {}
+        for pointer, size in self._storages.items():
+            key = self._labels.get(pointer)
+            grouped[key] = grouped.get(key, 0) + size
+        return grouped
 
     @property
     def count(self) -> int:
@@ -50,6 +65,8 @@ class SavedTensorMeter:
         storage = tensor.untyped_storage()
         pointer = storage.data_ptr()
         if pointer not in self._excluded:
+            if self._label is not None and pointer not in self._storages:
+                self._labels[pointer] = self._label()
             self._storages[pointer] = storage.nbytes()
         return tensor
 

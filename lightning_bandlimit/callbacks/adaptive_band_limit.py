@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -12,12 +14,16 @@ from typing_extensions import override
 
 from lightning_bandlimit.batchnorm import Forward
 from lightning_bandlimit.callbacks.band_limit import BandLimit
-from lightning_bandlimit.memory.controller import OOM, CompressionController, Decision
+from lightning_bandlimit.checkpointing import CheckpointStages, UnitProfile, checkpoint_units
+from lightning_bandlimit.memory.controller import OOM
+from lightning_bandlimit.memory.ladder import LadderController, LadderDecision, Setting
 from lightning_bandlimit.memory.probes import MemoryProbe, ProbeUnavailable, auto_probe
 from lightning_bandlimit.memory.process import release_cached_memory
 from lightning_bandlimit.saved_tensors import SavedTensorMeter
-from lightning_bandlimit.surgery import Patterns
+from lightning_bandlimit.surgery import Patterns, normalize_patterns
 from lightning_bandlimit.utils.validation import check_int
+
+LEVERS = ("checkpoint", "compression")
 
 __all__ = ["AdaptiveBandLimit"]
 
@@ -43,82 +49,101 @@ def _free_memory(device: torch.device | None) -> None:
 
 
 class AdaptiveBandLimit(BandLimit):
-    """Keep a job fitting beside other tenants by moving its band-limited layers' compression.
+    """Keep a job fitting beside other tenants: exact levers first, the spectral cutoff last.
 
     Every ``check_every_n_steps`` training steps it reads the free memory of the job's device
     (NVML: the whole device, other processes included; else ``torch.cuda.mem_get_info``; on CPU
     the host's available memory and cgroup limit) and lets a
-    :class:`~lightning_bandlimit.memory.CompressionController` decide: more compression when
-    free memory drops below ``min_free`` (at once, jumping to the least compression its learned
-    memory model predicts will fit), less when it stays above ``release_free`` (after
-    ``release_checks`` calm checks and a cooldown, to the least compression predicted to keep
-    ``release_free`` free). The memory model is learned online from the job's own peak per
-    check: the probe's own measurement of the job when it has one
-    (:class:`~lightning_bandlimit.memory.SharedBudgetProbe`: the resident set),
-    ``torch.cuda.max_memory_allocated`` on GPU, else bytes saved for backward.
+    :class:`~lightning_bandlimit.memory.LadderController` choose a point on a ladder of levers,
+    least lossy first:
+
+    1. **Activation checkpointing** (``"checkpoint"`` lever; exact gradients): the model's
+       residual-block-like units (:func:`~lightning_bandlimit.checkpointing.checkpoint_units`,
+       or ``checkpoint_units`` patterns) are grouped in stages by output resolution, and rung
+       ``r`` checkpoints the first ``r`` stages, highest resolution first. Units are switched
+       between optimizer steps, in place (``state_dict`` keys unchanged), in the non-reentrant
+       mode (DDP-safe), with BatchNorm running statistics updated once per step.
+    2. **Compression** (``"compression"`` lever; lossy): the band-limited layers' compression,
+       raised above ``min_compression`` only from the top rung.
+
+    Under pressure (free memory below ``min_free``) it jumps at once to the least lossy point
+    predicted to fit; when free memory stays above ``release_free`` it gives back the lossy
+    part first, then the exact rungs, so a job with no pressure runs as the plain model. The
+    memory of each point is learned online from the job's own peak per check (the probe's
+    measurement of the job when it has one, :class:`~lightning_bandlimit.memory.SharedBudgetProbe`;
+    ``torch.cuda.max_memory_allocated`` on GPU; else bytes saved for backward), and before a
+    rung was visited it is predicted from the bytes each stage frees, measured unit by unit in
+    the first training step (which always runs at rung 0). The step time of each rung is
+    measured too: ``max_slowdown`` caps it (slower rungs leave the ladder, and compression
+    takes over below them).
+
+    ``levers=["compression"]`` is the compression-only controller of earlier releases;
+    ``levers=["checkpoint"]`` keeps the job exact (no compression above ``min_compression``).
+    A model without checkpointable units (e.g. a plain ``nn.Sequential`` chain) has no exact
+    rungs: the ladder is then the compression alone (reported once).
 
     Like :class:`BandLimit` it swaps the convolutions in ``setup`` when the model has none
-    band-limited, keeps its state (compression and learned model) in checkpoints, and logs
-    ``AdaptiveBandLimit/compression``, ``.../achieved_compression``, ``.../free_bytes``,
-    ``.../job_peak_bytes`` and ``.../decision`` (-1 lower, 0 hold, 1 raise, 2 out-of-memory
-    retry); every change is also reported with its reason and kept in :attr:`decisions`.
-    Under DDP all ranks apply the most conservative (highest) compression any rank asks for,
-    on the same step.
+    band-limited, and keeps its state (compression, rung, learned memory and times) in
+    checkpoints. Logged per check: ``AdaptiveBandLimit/rung``, ``.../checkpointed_units``,
+    ``.../compression``, ``.../achieved_compression``, ``.../free_bytes``,
+    ``.../job_peak_bytes``, ``.../slowdown`` (the rung's measured step time over rung 0's) and
+    ``.../decision`` (-1 lower, 0 hold, 1 raise, 2 out-of-memory retry); every change is also
+    reported with its reason and kept in :attr:`decisions`. Under DDP all ranks apply the most
+    conservative point any rank asks for, on the same step.
 
     **What it guarantees, and what it does not.** A co-tenant whose memory grows by less than
-    ``min_free`` between two checks is met before the job overdraws: the check that sees free
-    memory below ``min_free`` raises the compression for the next step, far enough to free the
-    missing bytes plus the shortfall against its previous prediction (a co-tenant still
-    growing), as far as ``max_compression`` can free and as far as its memory model predicts
-    the saving right (measured beside a real co-tenant that overdrew the plain job's budget at
-    28 of 96 steps: 0 over-budget steps in each of three seeds of ``benchmarks/multitenant.py``,
-    with the co-tenant growing 8.4 MiB a step against a ``min_free`` of 12 MiB).
-    It cannot help with memory compression does not free
-    (parameters, optimizer state, the process's own base), a co-tenant that grows by more than
-    ``min_free`` within one check interval (steps until the next check may overdraw), or an
-    out-of-memory error in ``backward`` or another process. After a raise it returns cached
-    memory to the device (``torch.cuda.empty_cache()``; glibc's ``malloc_trim`` on the host);
-    on the host the resident set follows the tensors only with ``MALLOC_MMAP_THRESHOLD_`` set
-    (glibc's default heap keeps its high-water mark whatever the compression).
+    ``min_free`` between two checks is met before the job overdraws, as far as the levers can
+    free and as far as the memory model predicts the saving right. It cannot help with memory
+    neither lever frees (parameters, optimizer state, the process's own base), a co-tenant that
+    grows by more than ``min_free`` within one check interval, or an out-of-memory error in
+    ``backward`` or another process. After a change that frees memory it returns cached memory
+    to the device (``torch.cuda.empty_cache()``; glibc's ``malloc_trim`` on the host); on the
+    host the resident set follows the tensors only with ``MALLOC_MMAP_THRESHOLD_`` set.
 
     **Out-of-memory backstop** (``oom_backstop=True``, single-process runs): an out-of-memory
-    error raised inside ``training_step`` (the forward pass) raises the compression and retries
-    that batch once. It cannot catch an OOM in ``backward``, the optimizer step, data loading or
-    another process; a second OOM on the same batch propagates. Under DDP it is off, since one
-    rank retrying alone would desynchronise the collectives.
+    error raised inside ``training_step`` (the forward pass) moves to the top rung (or, there,
+    raises the compression) and retries that batch once. It cannot catch an OOM in
+    ``backward``, the optimizer step, data loading or another process; a second OOM on the same
+    batch propagates. Under DDP it is off, since one rank retrying alone would desynchronise
+    the collectives.
 
     Args:
         compression: starting compression (clamped into the bounds).
         min_free: free memory to keep: bytes, or a fraction of the total when below 1.
-        release_free: free memory above which compression is given back (same unit).
-        min_compression: lower bound.
+        release_free: free memory above which levers are given back (same unit).
+        min_compression: lower bound of the compression (the exact rungs run at it).
         max_compression: upper bound.
         check_every_n_steps: training steps between two checks.
         probe: ``"auto"`` (best available, one warning on fallback) or a
             :class:`~lightning_bandlimit.memory.MemoryProbe`.
-        oom_backstop: retry a batch whose forward ran out of memory, at a higher compression.
+        oom_backstop: retry a batch whose forward ran out of memory, at a higher rung or compression.
+        levers: which levers the ladder may use: ``"checkpoint"``, ``"compression"`` or both.
+        checkpoint_units: glob patterns over module names choosing the units to checkpoint
+            (default: found automatically).
+        max_slowdown: the most step time a checkpointing rung may cost relative to none
+            (e.g. ``1.3``); ``None``: no cap.
         include: glob patterns over module names to band-limit.
         exclude: glob patterns to leave alone.
         pointwise: also band-limit 1x1 convolutions.
         memory_lean: memory-lean training (see :class:`BandLimit`); on by default, since it is
             what makes a higher compression free memory.
-        recalibrate_bn: BatchNorm follows the compression: before every validation (and at the
-            end of an epoch or of training after a change) its running statistics are
-            re-estimated over this many recent training batches (see :class:`BandLimit`); ``0``
-            turns it off.
+        recalibrate_bn: BatchNorm follows the compression (see :class:`BandLimit`); ``0`` turns
+            it off.
         bn_forward: how to run the model on a batch for that re-estimate (see :class:`BandLimit`).
-        **controller_kwargs: further :class:`CompressionController` arguments (``raise_step``,
-            ``lower_step``, ``release_checks``, ``cooldown_checks``, ``margin``).
+        **controller_kwargs: further :class:`~lightning_bandlimit.memory.LadderController`
+            arguments (``raise_step``, ``lower_step``, ``release_checks``, ``cooldown_checks``,
+            ``margin``).
 
     Raises:
-        ValueError: for bounds, thresholds or steps out of range.
+        ValueError: for bounds, thresholds, steps or levers out of range.
+        TypeError: for arguments of the wrong type.
 
     Example:
         >>> from lightning_bandlimit.memory import ScriptedProbe
         >>> trace = ScriptedProbe(free=[900, 50, 50, 900], total=1000)  # a co-tenant comes and goes
         >>> callback = AdaptiveBandLimit(probe=trace, min_free=0.2, release_free=0.5, check_every_n_steps=1)
-        >>> callback.compression
-        0.0
+        >>> callback.compression, callback.rung, callback.levers
+        (0.0, 0, ('checkpoint', 'compression'))
     """
 
     def __init__(
@@ -131,6 +156,9 @@ class AdaptiveBandLimit(BandLimit):
         check_every_n_steps: int = 10,
         probe: MemoryProbe | str = "auto",
         oom_backstop: bool = True,
+        levers: Sequence[str] = LEVERS,
+        checkpoint_units: Patterns = None,
+        max_slowdown: float | None = None,
         include: Patterns = None,
         exclude: Patterns = None,
         pointwise: bool = False,
@@ -139,11 +167,15 @@ class AdaptiveBandLimit(BandLimit):
         bn_forward: Forward | None = None,
         **controller_kwargs: Any,
     ) -> None:
-        self.controller = CompressionController(
+        levers = _check_levers(levers)
+        if "compression" not in levers:
+            max_compression = min_compression
+        self.controller = LadderController(
             min_free=min_free,
             release_free=release_free,
             min_compression=min_compression,
             max_compression=max_compression,
+            max_slowdown=max_slowdown,
             **controller_kwargs,
         )
         super().__init__(
@@ -158,16 +190,32 @@ class AdaptiveBandLimit(BandLimit):
         check_int("check_every_n_steps", check_every_n_steps, minimum=1)
         if not (isinstance(probe, MemoryProbe) or probe == "auto"):
             raise ValueError(f"probe must be 'auto' or a MemoryProbe, got {probe!r}")
+        self.levers = levers
+        self.checkpoint_units = normalize_patterns("checkpoint_units", checkpoint_units)
         self.check_every_n_steps = check_every_n_steps
         self._probe_spec = probe
         self.probe: MemoryProbe | None = probe if isinstance(probe, MemoryProbe) else None
         self.oom_backstop = oom_backstop
         self.decisions: list[dict[str, Any]] = []
+        self.rung = 0
+        self._stages: CheckpointStages | None = None
+        self._profile: UnitProfile | None = None
         self._meter: SavedTensorMeter | None = None
         self._job_peak: int | None = None
         self._device: torch.device | None = None
         self._guarded: pl.LightningModule | None = None
         self._last_check = -1
+        self._step_started: float | None = None
+
+    @property
+    def setting(self) -> Setting:
+        """The ladder point the job runs at: checkpointed stages (rung) and compression."""
+        return Setting(self.rung, self.compression)
+
+    @property
+    def checkpointed_units(self) -> list[str]:
+        """Names of the units checkpointed now."""
+        return self._stages.checkpointed() if self._stages is not None else []
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -175,6 +223,8 @@ class AdaptiveBandLimit(BandLimit):
         self._device = trainer.strategy.root_device
         if self.probe is None and self._probe_spec == "auto":
             self.probe = auto_probe(self._device)  # warns once itself when it falls back or gives up
+        if stage == "fit" and "checkpoint" in self.levers and self._stages is None:
+            self._setup_units(pl_module)
         if stage == "fit" and self.oom_backstop:
             if trainer.world_size > 1:
                 rank_zero_info(
@@ -183,6 +233,22 @@ class AdaptiveBandLimit(BandLimit):
             elif self._guarded is None:
                 self._guard_training_step(trainer, pl_module)
 
+    def _setup_units(self, pl_module: pl.LightningModule) -> None:
+        units = checkpoint_units(pl_module, include=self.checkpoint_units)
+        if units:
+            self._stages = CheckpointStages(units)
+        elif self.checkpoint_units is not None:
+            rank_zero_warn(
+                f"AdaptiveBandLimit: checkpoint_units={list(self.checkpoint_units)} matches no module of "
+                f"{type(pl_module).__name__}; the ladder has no checkpointing rungs"
+            )
+        else:
+            rank_zero_info(
+                f"AdaptiveBandLimit: no checkpointable units (residual blocks) found in "
+                f"{type(pl_module).__name__}; the ladder is the compression alone (name units with "
+                "checkpoint_units=[...])"
+            )
+
     def _is_check_step(self, step: int) -> bool:
         return step % self.check_every_n_steps == 0 and step != self._last_check
 
@@ -190,6 +256,11 @@ class AdaptiveBandLimit(BandLimit):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        self._step_started = time.perf_counter()
+        if self._stages is not None and self._stages.stages is None:
+            # The first step runs every unit plainly and measures them: stages and bytes freed.
+            self._profile = self._stages.profile(exclude=pl_module.parameters()).__enter__()
+            return
         # global_step counts optimizer steps: this batch ends at global_step + 1.
         if self.probe is None or self.probe.measures_own or not self._is_check_step(trainer.global_step + 1):
             return  # a probe that measures the job itself needs no meter on the step
@@ -202,15 +273,43 @@ class AdaptiveBandLimit(BandLimit):
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
     ) -> None:
+        self._stop_meters()
+
+    def _stop_meters(self) -> None:
+        if self._profile is not None:
+            self._profile.__exit__(None, None, None)
+            self._job_peak = self._profile.meter.bytes
+            self._finish_profile(self._profile)
+            self._profile = None
         if self._meter is not None:
             self._meter.__exit__(None, None, None)
             self._job_peak, self._meter = self._meter.bytes, None
+
+    def _finish_profile(self, profile: UnitProfile) -> None:
+        assert self._stages is not None
+        stages = profile.stages()
+        self._stages.set_stages(stages)
+        self.controller.set_stage_savings(profile.savings())
+        self.rung = min(self.rung, len(stages))  # a resumed run's rung comes back after this step
+        rank_zero_info(
+            f"AdaptiveBandLimit: {len(stages)} checkpointing rungs over {sum(map(len, stages))} units "
+            f"(stages, highest resolution first: {stages}); bytes each frees: "
+            f"{[f'{s / 2**20:.1f} MiB' for s in profile.savings()]}"
+        )
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        self._stop_meters()  # the step ended without a backward (e.g. skipped)
+        if self._step_started is not None and self.compression <= self.controller.min_compression:
+            message = self.controller.observe_time(self.rung, time.perf_counter() - self._step_started)
+            if message is not None:
+                rank_zero_info(f"AdaptiveBandLimit: {message}")
+        self._step_started = None
         self._check(trainer, pl_module)
+        if self._stages is not None and self._stages.stages is not None and self._stages.rung != self.rung:
+            self._stages.apply(self.rung)  # between optimizer steps
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # logs the outcome
 
     @override
@@ -218,9 +317,6 @@ class AdaptiveBandLimit(BandLimit):
         return super()._should_log(trainer) or self._last_check == trainer.global_step
 
     def _check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._meter is not None:  # the step ended without a backward (e.g. skipped)
-            self._meter.__exit__(None, None, None)
-            self._meter = None
         if self.probe is None or not self._is_check_step(trainer.global_step):
             return
         self._last_check = trainer.global_step
@@ -228,7 +324,7 @@ class AdaptiveBandLimit(BandLimit):
             reading = self.probe.read()
         except ProbeUnavailable as error:
             rank_zero_warn(
-                f"AdaptiveBandLimit: the memory probe stopped working ({error}); the compression stays fixed"
+                f"AdaptiveBandLimit: the memory probe stopped working ({error}); the levers stay as they are"
             )
             self.probe = None
             return
@@ -238,46 +334,84 @@ class AdaptiveBandLimit(BandLimit):
             peak = torch.cuda.max_memory_allocated(self._device)
         else:
             peak = self._job_peak
+        ran = Setting(self._stages.rung if self._stages is not None else 0, self.compression)
         if peak:
-            self.controller.model.observe(self.compression, float(peak))
-        decision = self.controller.decide(reading, self.compression)
-        agreed = float(
-            trainer.strategy.reduce(
-                torch.tensor(decision.compression, dtype=torch.float64, device=self._device), reduce_op="max"
-            )
-        )
-        if agreed != decision.compression:
+            self.controller.observe(ran, float(peak))
+        decision = self.controller.decide(reading, self.setting)
+        agreed = self._agree(trainer, decision.setting)
+        if agreed != decision.setting:
             self.controller.notify_change()  # another rank asked for more
         self._apply(
-            trainer, pl_module, Decision(agreed, decision.reason, decision.free, decision.threshold), peak
+            trainer,
+            pl_module,
+            LadderDecision(
+                agreed.rung, agreed.compression, decision.reason, decision.free, decision.threshold
+            ),
+            peak,
         )
 
+    def _agree(self, trainer: pl.Trainer, setting: Setting) -> Setting:
+        """The most conservative setting any rank asks for, and the lowest top rung any rank has."""
+        if trainer.world_size == 1:
+            return setting
+        floor = self.controller.min_compression
+        position = setting.rung + (setting.compression - floor)  # monotone along the ladder
+        agreed = trainer.strategy.reduce(
+            torch.tensor([position, -self.controller.top], dtype=torch.float64, device=self._device),
+            reduce_op="max",
+        )
+        self.controller.top = top = int(round(-float(agreed[1])))
+        position = float(agreed[0])
+        rung = min(int(position + 1e-9), top)
+        return Setting(rung, self.controller.clamp(floor + max(0.0, position - rung)))
+
     def _apply(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: Decision, peak: int | None
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: LadderDecision, peak: int | None
     ) -> None:
-        previous = self.compression
-        if decision.compression != previous:
-            self.compression = decision.compression
-            if decision.compression > previous:
+        previous = self.setting
+        target = decision.setting
+        if target != previous:
+            self.compression, self.rung = target.compression, target.rung
+            if target.compression > previous.compression or target.rung > previous.rung:
                 release_cached_memory(self._device)  # so the device (and NVML) sees the memory freed
+            changes = []
+            if target.rung != previous.rung:
+                changes.append(
+                    f"rung {previous.rung} -> {target.rung} ({self._units_at(target.rung)} units checkpointed)"
+                )
+            if target.compression != previous.compression:
+                changes.append(f"compression {previous.compression:.3f} -> {target.compression:.3f}")
             rank_zero_info(
-                f"AdaptiveBandLimit: step {trainer.global_step}: compression {previous:.3f} -> "
-                f"{decision.compression:.3f} ({decision.reason}: {decision.free / 2**20:.0f} MiB free, "
-                f"threshold {decision.threshold / 2**20:.0f} MiB)"
+                f"AdaptiveBandLimit: step {trainer.global_step}: {', '.join(changes)} ({decision.reason}: "
+                f"{decision.free / 2**20:.0f} MiB free, threshold {decision.threshold / 2**20:.0f} MiB)"
             )
+        slowdown = self.controller.slowdown(self.rung)
         record = {
             "step": trainer.global_step,
+            "rung": self.rung,
+            "checkpointed_units": self._units_at(self.rung),
             "compression": self.compression,
             "reason": decision.reason,
             "free_bytes": decision.free,
             "job_peak_bytes": peak,
+            "slowdown": slowdown,
         }
         self.decisions.append(record)
         name = type(self).__name__
         pl_module.log(f"{name}/free_bytes", float(decision.free), on_step=True, on_epoch=False)
         pl_module.log(f"{name}/decision", _REASON_CODES[decision.reason], on_step=True, on_epoch=False)
+        pl_module.log(f"{name}/rung", float(self.rung), on_step=True, on_epoch=False)
+        pl_module.log(
+            f"{name}/checkpointed_units", float(record["checkpointed_units"]), on_step=True, on_epoch=False
+        )
+        if slowdown is not None:
+            pl_module.log(f"{name}/slowdown", slowdown, on_step=True, on_epoch=False)
         if peak:
             pl_module.log(f"{name}/job_peak_bytes", float(peak), on_step=True, on_epoch=False)
+
+    def _units_at(self, rung: int) -> int:
+        stages = self._stages.stages if self._stages is not None else None
+        return sum(len(stage) for stage in stages[:rung]) if stages else 0
 
     def _guard_training_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         original = pl_module.training_step
@@ -291,20 +425,28 @@ class AdaptiveBandLimit(BandLimit):
                     raise
                 failed = True  # recover outside the except: its traceback pins tensors
             if failed:
+                self._stop_meters()
                 _free_memory(self._device)
-                previous = self.compression
-                self.compression = self.controller.on_oom(previous)
+                previous = self.setting
+                retry = self.controller.on_oom(previous)
+                self.compression, self.rung = retry.compression, retry.rung
+                if self._stages is not None and self._stages.stages is not None:
+                    self._stages.apply(self.rung)
                 rank_zero_warn(
                     f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step}; "
-                    f"retrying the batch once at compression {self.compression:.3f} (was {previous:.3f})"
+                    f"retrying the batch once at rung {self.rung}, compression {self.compression:.3f} "
+                    f"(was rung {previous.rung}, compression {previous.compression:.3f})"
                 )
                 self.decisions.append(
                     {
                         "step": trainer.global_step,
+                        "rung": self.rung,
+                        "checkpointed_units": self._units_at(self.rung),
                         "compression": self.compression,
                         "reason": OOM,
                         "free_bytes": None,
                         "job_peak_bytes": None,
+                        "slowdown": None,
                     }
                 )
             return original(*args, **kwargs)
@@ -315,6 +457,10 @@ class AdaptiveBandLimit(BandLimit):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
+        self._stop_meters()
+        if self._stages is not None:
+            self._stages.release()  # the user's model as it was; a next fit re-applies the rung
+            self._stages = None
         if self._guarded is not None:
             del self._guarded.training_step  # back to the class's method
             self._guarded = None
@@ -324,9 +470,19 @@ class AdaptiveBandLimit(BandLimit):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "controller": self.controller.state_dict()}
+        return {**super().state_dict(), "rung": self.rung, "controller": self.controller.state_dict()}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
+        self.rung = int(state_dict.get("rung", 0))
         self.controller.load_state_dict(state_dict.get("controller", {}))
+
+
+def _check_levers(levers: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(levers, str) or not isinstance(levers, Sequence):
+        raise TypeError(f"levers must be a sequence of lever names from {list(LEVERS)}, got {levers!r}")
+    unknown = [lever for lever in levers if lever not in LEVERS]
+    if unknown or not levers:
+        raise ValueError(f"levers must be a non-empty selection of {list(LEVERS)}, got {list(levers)}")
+    return tuple(lever for lever in LEVERS if lever in levers)

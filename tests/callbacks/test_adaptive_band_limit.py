@@ -58,7 +58,7 @@ def test_scripted_cotenant_raises_then_releases(tmp_path: Path) -> None:
         "AdaptiveBandLimit/compression",
     } <= set(trainer.callback_metrics)
     assert all(d["job_peak_bytes"] > 0 for d in callback.decisions)  # saved-tensor accounting on CPU
-    assert len(callback.controller.model.points) >= 2  # learned memory versus compression
+    assert len(callback.controller.compression_memory.points) >= 2  # learned memory versus compression
 
 
 def test_checks_only_every_n_steps(tmp_path: Path) -> None:
@@ -78,7 +78,7 @@ def test_resume_continues_with_compression_and_learned_model(tmp_path: Path, sto
     model = ImageClassifier("small_cnn", width=4)
     _trainer(tmp_path, [resumed], max_steps=8).fit(model, _data(), ckpt_path=ckpt)
     assert resumed.compression == callback.compression > 0
-    assert set(callback.controller.model.points) <= set(resumed.controller.model.points)
+    assert set(callback.controller.compression_memory.points) <= set(resumed.controller.compression_memory.points)
     assert {layer.compression for _, layer in bandlimited_layers(model)} == {callback.compression}
 
 

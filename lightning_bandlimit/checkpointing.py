@@ -1,0 +1,376 @@
+"""Activation checkpointing as a run-time lever: switched on and off per module, between steps.
+
+:func:`checkpoint` changes the class of a module object to a checkpointed subclass of its own
+class (made once per class), like :mod:`lightning_bandlimit.surgery` swaps convolutions: the
+object, its parameters, buffers, hooks, ``state_dict`` keys and any reference to it stay, and
+:func:`uncheckpoint` is the exact inverse. While checkpointed, a training forward with
+gradients runs through ``torch.utils.checkpoint.checkpoint`` in its non-reentrant mode (the one
+that is safe under DDP): only the module's inputs are kept for backward, and its forward is run
+again in backward to rebuild what the gradients need. Gradients are exactly those of the
+module without checkpointing (the same operations run on the same values). In eval mode or
+without gradients the module runs as before.
+
+**BatchNorm running statistics are updated once per step.** Recomputing a module's forward
+would update its BatchNorm layers' running statistics a second time (pytorch/pytorch#96136);
+the recompute here restores them afterwards, so they equal those of the same model without
+checkpointing.
+
+Which modules: :func:`checkpoint_units` finds the residual-block-like units of a model
+(the smallest modules with a ``forward`` of their own and at least two convolutions, one of
+them spatial: ResNet's basic and bottleneck blocks, MobileNet's inverted residuals), or takes
+glob patterns over qualified names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from lightning_bandlimit.saved_tensors import SavedTensorMeter
+from lightning_bandlimit.surgery import Patterns, normalize_patterns
+
+__all__ = [
+    "CheckpointStages",
+    "UnitProfile",
+    "checkpoint",
+    "checkpoint_units",
+    "is_checkpointed",
+    "uncheckpoint",
+]
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+class _Checkpointed:
+    """Mixin of the checkpointed subclasses; its ``forward`` wraps the base class's."""
+
+    _base_class: type[nn.Module]
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        base_forward = super().forward  # type: ignore[misc]
+        if not (self.training and torch.is_grad_enabled()):  # type: ignore[attr-defined]
+            return base_forward(*args, **kwargs)
+        return torch.utils.checkpoint.checkpoint(
+            base_forward,
+            *args,
+            use_reentrant=False,
+            context_fn=lambda: (contextlib.nullcontext(), _running_stats_kept(self)),  # type: ignore[arg-type]
+            **kwargs,
+        )
+
+
+_SUBCLASSES: dict[type[nn.Module], type[nn.Module]] = {}
+
+
+def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
+    sub = _SUBCLASSES.get(cls)
+    if sub is None:
+        sub = type(f"Checkpointed{cls.__name__}", (_Checkpointed, cls), {"_base_class": cls})
+        sub.__module__ = cls.__module__
+        _SUBCLASSES[cls] = sub
+    return sub
+
+
+@contextlib.contextmanager
+def _running_stats_kept(module: nn.Module) -> Iterator[None]:
+    """Run a recompute with ``module``'s BatchNorm buffers restored afterwards."""
+    saved = [
+        (buffer, buffer.clone())
+        for m in module.modules()
+        if isinstance(m, _BatchNorm)
+        for buffer in (m.running_mean, m.running_var, m.num_batches_tracked)
+        if buffer is not None
+    ]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+
+
+def is_checkpointed(module: nn.Module) -> bool:
+    """Whether ``module`` runs checkpointed (see :func:`checkpoint`).
+
+    Example:
+        >>> block = nn.Sequential(nn.Conv2d(1, 1, 3), nn.ReLU())
+        >>> is_checkpointed(checkpoint(block)), is_checkpointed(uncheckpoint(block))
+        (True, False)
+    """
+    return isinstance(module, _Checkpointed)
+
+
+def checkpoint(module: nn.Module) -> nn.Module:
+    """Checkpoint ``module``'s activations from its next training forward on (in place).
+
+    Args:
+        module: any module; already checkpointed ones are left as they are.
+
+    Returns:
+        ``module`` (the same object, its class changed to a checkpointed subclass).
+
+    Raises:
+        TypeError: if ``module`` is not an ``nn.Module``.
+
+    Example:
+        >>> block = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1), nn.BatchNorm2d(2), nn.ReLU())
+        >>> keys = list(block.state_dict())
+        >>> type(checkpoint(block)).__name__, list(block.state_dict()) == keys
+        ('CheckpointedSequential', True)
+        >>> block(torch.rand(4, 2, 8, 8, requires_grad=True)).sum().backward()
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    if not is_checkpointed(module):
+        module.__class__ = _checkpointed_class(type(module))
+    return module
+
+
+def uncheckpoint(module: nn.Module) -> nn.Module:
+    """Exact inverse of :func:`checkpoint`: ``module`` runs as before (in place).
+
+    Args:
+        module: a module; ones that are not checkpointed are left as they are.
+
+    Returns:
+        ``module``.
+
+    Raises:
+        TypeError: if ``module`` is not an ``nn.Module``.
+
+    Example:
+        >>> conv = nn.Conv2d(1, 1, 3)
+        >>> type(uncheckpoint(checkpoint(conv))) is nn.Conv2d
+        True
+    """
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+    if is_checkpointed(module):
+        module.__class__ = module._base_class  # type: ignore[attr-defined]
+    return module
+
+
+def _base(module: nn.Module) -> type[nn.Module]:
+    return module._base_class if is_checkpointed(module) else type(module)  # type: ignore[attr-defined]
+
+
+def _is_unit(module: nn.Module) -> bool:
+    cls = _base(module)
+    if issubclass(cls, _CONTAINERS) or issubclass(cls, _CONVS) or not any(True for _ in module.children()):
+        return False
+    convs = [m for m in module.modules() if isinstance(m, _CONVS)]
+    return len(convs) >= 2 and any(max(m.kernel_size) > 1 for m in convs)
+
+
+def checkpoint_units(
+    model: nn.Module, include: Patterns = None, exclude: Patterns = None
+) -> list[tuple[str, nn.Module]]:
+    """The modules of ``model`` worth checkpointing, as ``(qualified_name, module)`` in module order.
+
+    Without ``include``: the residual-block-like units, i.e. the smallest modules (not
+    ``model`` itself, nor containers such as ``nn.Sequential``) whose subtree holds at least two
+    convolutions, one of them with a kernel larger than 1x1 (ResNet's basic and bottleneck
+    blocks, MobileNet's inverted residuals). A plain chain of layers in an ``nn.Sequential``
+    has none. With ``include``: every module whose qualified name matches one of its glob
+    patterns (no nesting: a match inside another match is left out). ``exclude`` removes
+    matches either way.
+
+    Args:
+        model: the model.
+        include: glob patterns over qualified module names (``"backbone.3"``, ``"layer1.*"``).
+        exclude: glob patterns of modules to leave out.
+
+    Returns:
+        The units, outermost first where patterns nest.
+
+    Raises:
+        TypeError: if a pattern argument is not a string or a sequence of strings.
+
+    Example:
+        >>> from lightning_bandlimit.models import cifar_resnet18
+        >>> units = checkpoint_units(cifar_resnet18(width=4))
+        >>> len(units), units[0][0]
+        (8, '3')
+        >>> [name for name, _ in checkpoint_units(cifar_resnet18(width=4), include="[34]")]
+        ['3', '4']
+    """
+    include_t = normalize_patterns("include", include)
+    exclude_t = normalize_patterns("exclude", exclude)
+
+    def matches(name: str, patterns: tuple[str, ...] | None) -> bool:
+        return bool(patterns) and any(fnmatch.fnmatchcase(name, p) for p in patterns)  # type: ignore[union-attr]
+
+    named = [(n, m) for n, m in model.named_modules() if n and not matches(n, exclude_t)]
+    if include_t is not None:
+        chosen = [(n, m) for n, m in named if matches(n, include_t)]
+        return [(n, m) for n, m in chosen if not any(n.startswith(o + ".") for o, _ in chosen)]
+    units = [(n, m) for n, m in named if _is_unit(m)]
+    return [(n, m) for n, m in units if not any(o.startswith(n + ".") for o, _ in units)]
+
+
+class UnitProfile:
+    """One training forward seen unit by unit: the stages, and the bytes checkpointing each frees.
+
+    Used as a context manager around a forward pass with gradients (the units not checkpointed
+    yet). It is also a :class:`~lightning_bandlimit.saved_tensors.SavedTensorMeter` of the
+    whole forward (:attr:`meter`).
+
+    * **Stages**: consecutive units (in the order they ran) with the same output shape, ordered
+      by output resolution, highest first: ResNet's stages.
+    * **Savings** per stage: for each unit, the bytes saved for backward while it ran less the
+      bytes of its input, which a checkpointed unit keeps (at least ``0``).
+
+    Args:
+        units: the units, as :func:`checkpoint_units` returns them.
+        exclude: tensors not to count (pass the model's parameters).
+
+    Example:
+        >>> from lightning_bandlimit.models import cifar_resnet18
+        >>> model = cifar_resnet18(width=4)
+        >>> with UnitProfile(checkpoint_units(model), exclude=model.parameters()) as profile:
+        ...     _ = model(torch.rand(2, 3, 32, 32))
+        >>> profile.stages()
+        [['3', '4'], ['5', '6'], ['7', '8'], ['9', '10']]
+        >>> all(saving > 0 for saving in profile.savings())
+        True
+    """
+
+    def __init__(self, units: list[tuple[str, nn.Module]], exclude: Iterable[torch.Tensor] = ()) -> None:
+        self.units = list(units)
+        self.meter = SavedTensorMeter(exclude=exclude, label=self._running)
+        self.order: list[str] = []
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.input_bytes: dict[str, int] = {}
+        self._stack: list[str] = []
+        self._handles: list[Any] = []
+
+    def _running(self) -> str | None:
+        return self._stack[-1] if self._stack else None
+
+    def __enter__(self) -> UnitProfile:
+        for name, module in self.units:
+
+            def pre(_: nn.Module, args: tuple[Any, ...], name: str = name) -> None:
+                self._stack.append(name)
+                if name not in self.input_bytes:
+                    storages = {
+                        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                        for t in args
+                        if isinstance(t, torch.Tensor)
+                    }
+                    self.input_bytes[name] = sum(storages.values())
+
+            def post(_: nn.Module, __: Any, output: Any, name: str = name) -> None:
+                self._stack.pop()
+                if name not in self.shapes and isinstance(output, torch.Tensor):
+                    self.order.append(name)
+                    self.shapes[name] = tuple(output.shape[1:])
+
+            self._handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+        self.meter.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.meter.__exit__(*exc)
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def stages(self) -> list[list[str]]:
+        """Names of the units that ran, by stage, highest output resolution first."""
+        runs: list[list[str]] = []
+        for name in self.order:
+            if runs and self.shapes[runs[-1][-1]] == self.shapes[name]:
+                runs[-1].append(name)
+            else:
+                runs.append([name])
+        return sorted(runs, key=lambda run: -math.prod(self.shapes[run[0]][1:]))
+
+    def savings(self) -> list[int]:
+        """Bytes checkpointing each stage of :meth:`stages` frees (estimated from this forward)."""
+        inside = self.meter.bytes_by_label
+        return [
+            sum(max(0, inside.get(name, 0) - self.input_bytes.get(name, 0)) for name in stage)
+            for stage in self.stages()
+        ]
+
+
+class CheckpointStages:
+    """A model's units grouped in stages; rung ``r`` checkpoints the first ``r`` stages.
+
+    The stages come from a :class:`UnitProfile` of one training forward (:meth:`profile`, then
+    :meth:`set_stages`). :meth:`apply` switches units on and off between steps.
+
+    Args:
+        units: the units, as :func:`checkpoint_units` returns them.
+
+    Example:
+        >>> from lightning_bandlimit.models import cifar_resnet18
+        >>> model = cifar_resnet18(width=4)
+        >>> stages = CheckpointStages(checkpoint_units(model))
+        >>> with stages.profile(exclude=model.parameters()) as profile:
+        ...     _ = model(torch.rand(2, 3, 32, 32))
+        >>> stages.set_stages(profile.stages())
+        >>> stages.apply(2)
+        >>> stages.checkpointed()
+        ['3', '4', '5', '6']
+        >>> stages.apply(0); stages.checkpointed()
+        []
+    """
+
+    def __init__(self, units: list[tuple[str, nn.Module]]) -> None:
+        self.units = dict(units)
+        self.stages: list[list[str]] | None = None
+        self.rung = 0
+
+    def profile(self, exclude: Iterable[torch.Tensor] = ()) -> UnitProfile:
+        """A profile of the next forward (every unit runs un-checkpointed during it)."""
+        for module in self.units.values():
+            uncheckpoint(module)
+        self.rung = 0
+        return UnitProfile(list(self.units.items()), exclude=exclude)
+
+    def set_stages(self, stages: list[list[str]]) -> None:
+        """The stages, highest resolution first, as :meth:`UnitProfile.stages` gives them.
+
+        Raises:
+            ValueError: for a name that is not one of the units.
+        """
+        unknown = [name for stage in stages for name in stage if name not in self.units]
+        if unknown:
+            raise ValueError(f"unknown units {unknown}; expected names among {sorted(self.units)}")
+        self.stages = [list(stage) for stage in stages]
+
+    def apply(self, rung: int) -> None:
+        """Checkpoint the first ``rung`` stages and no other unit.
+
+        Raises:
+            RuntimeError: before :meth:`set_stages`.
+            ValueError: for a rung outside ``[0, len(stages)]``.
+        """
+        if self.stages is None:
+            raise RuntimeError("CheckpointStages.apply before set_stages")
+        if not 0 <= rung <= len(self.stages):
+            raise ValueError(f"rung must be in [0, {len(self.stages)}], got {rung}")
+        chosen = {name for stage in self.stages[:rung] for name in stage}
+        for name, module in self.units.items():
+            (checkpoint if name in chosen else uncheckpoint)(module)
+        self.rung = rung
+
+    def checkpointed(self) -> list[str]:
+        """Names of the units checkpointed now."""
+        return [name for name, module in self.units.items() if is_checkpointed(module)]
+
+    def release(self) -> None:
+        """Every unit back to its own class (the model as it was)."""
+        for module in self.units.values():
+            uncheckpoint(module)

@@ -1,0 +1,364 @@
+"""Exact levers first, lossy last: one controller over activation checkpointing and compression.
+
+A job's memory levers form a ladder of settings, least lossy first:
+
+* **exact rungs** ``0 .. rungs`` at the floor compression: rung 0 checkpoints nothing, rung
+  ``r`` checkpoints the model's first ``r`` stages (highest resolution first). Gradients are
+  exact on every rung; each costs a measured amount of step time (the recompute).
+* **the compression continuum** above the floor, on the top rung (lossy).
+
+The controller is plain Python (no Lightning, no torch), fed one
+:class:`~lightning_bandlimit.memory.probes.MemoryReading` per check and the job's peak memory
+at the setting it ran with, with the same thresholds, hysteresis and cooldown as
+:class:`~lightning_bandlimit.memory.controller.CompressionController`:
+
+* **Pressure** (free below ``min_free``): the least lossy setting predicted to free the missing
+  bytes plus the *surprise* (how far free memory fell short of the previous prediction). A
+  rung's memory is predicted from what the job measured on it, else from the nearest measured
+  rung and the bytes each stage frees (:meth:`LadderController.set_stage_savings`, measured
+  once by the callback). A rung that cannot be predicted is passed over for the top rung at
+  once: exact, and the most any rung frees. Compression is raised only from the top rung, as
+  far as its learned memory-versus-compression model predicts (else by ``raise_step``).
+* **Hold** between ``min_free`` and ``release_free``.
+* **Release** (``release_checks`` calm checks and a cooldown): the lossy part first, to the
+  least compression predicted to keep ``release_free`` free (else by ``lower_step``), then the
+  exact rungs, to the lowest rung predicted to keep it free (else one rung), so a job with no
+  pressure runs at plain speed.
+
+``max_slowdown`` caps the time cost: a rung whose measured step time exceeds it (relative to
+rung 0) and every rung above it leave the ladder; the continuum then starts below them.
+With ``rungs=0`` the ladder is the compression continuum alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from lightning_bandlimit.functional import check_compression
+from lightning_bandlimit.memory.controller import HOLD, LOWER, RAISE, MemoryModel
+from lightning_bandlimit.memory.probes import MemoryReading
+from lightning_bandlimit.utils.validation import check_int, check_real
+
+__all__ = ["LadderController", "LadderDecision", "Setting"]
+
+_GRID = 0.01  # compressions searched when jumping with the memory model
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A point of the ladder: checkpointed stages (``rung``) and the compression."""
+
+    rung: int
+    compression: float
+
+
+@dataclass(frozen=True)
+class LadderDecision:
+    """One check's outcome: the setting to apply and why (``hold|raise|lower|oom``)."""
+
+    rung: int
+    compression: float
+    reason: str
+    free: int
+    threshold: int
+
+    @property
+    def setting(self) -> Setting:
+        return Setting(self.rung, self.compression)
+
+
+def _bytes(threshold: float, total: int) -> int:
+    return int(threshold * total) if threshold < 1 else int(threshold)
+
+
+class LadderController:
+    """Maps memory readings to ladder settings (see the module docstring).
+
+    Args:
+        rungs: exact rungs above rung 0 (the model's checkpointable stages); ``0``: compression only.
+        min_free: free memory to keep: bytes (``>= 1``) or a fraction of the total (``< 1``).
+        release_free: free memory above which levers are given back (same unit, above
+            ``min_free``). Default: ``min_free`` doubled.
+        min_compression: the floor compression (the exact rungs run at it).
+        max_compression: the highest compression; equal to ``min_compression``: no lossy part.
+        raise_step: compression added per check under pressure when the model cannot say more.
+        lower_step: compression removed per release while the model cannot predict.
+        release_checks: consecutive checks above ``release_free`` before a release.
+        cooldown_checks: checks after any change before a release.
+        margin: extra fraction of the deficit to free.
+        max_slowdown: the most step time a rung may cost relative to rung 0 (e.g. ``1.5``);
+            ``None``: no cap.
+
+    Raises:
+        ValueError: for thresholds or bounds out of order, or non-positive steps and counts.
+        TypeError: for a count that is not an int.
+
+    Example:
+        >>> from lightning_bandlimit.memory.probes import MemoryReading
+        >>> ladder = LadderController(rungs=2, min_free=100, release_free=300)
+        >>> ladder.set_stage_savings([400, 200])
+        >>> ladder.observe(Setting(0, 0.0), 1000)
+        >>> short = MemoryReading(total=2000, free=50, source="scripted")  # 50 bytes short (+10 %)
+        >>> ladder.decide(short, Setting(0, 0.0))
+        LadderDecision(rung=1, compression=0.0, reason='raise', free=50, threshold=100)
+    """
+
+    def __init__(
+        self,
+        rungs: int = 0,
+        min_free: float = 0.1,
+        release_free: float | None = None,
+        min_compression: float = 0.0,
+        max_compression: float = 0.9,
+        raise_step: float = 0.2,
+        lower_step: float = 0.05,
+        release_checks: int = 3,
+        cooldown_checks: int = 2,
+        margin: float = 0.1,
+        max_slowdown: float | None = None,
+    ) -> None:
+        self.rungs = check_int("rungs", rungs, minimum=0)
+        check_real("min_free", min_free, minimum=0, min_open=True)
+        release_free = 2 * min_free if release_free is None else release_free
+        check_real("release_free", release_free, minimum=0, min_open=True)
+        if (min_free < 1) != (release_free < 1) or release_free <= min_free:
+            raise ValueError(
+                "release_free must be above min_free and in the same unit (both fractions < 1 or "
+                f"both bytes), got min_free={min_free}, release_free={release_free}"
+            )
+        self.min_compression = check_compression(min_compression)
+        self.max_compression = check_compression(max_compression)
+        if self.max_compression < self.min_compression:
+            raise ValueError(
+                f"max_compression ({max_compression}) is below min_compression ({min_compression})"
+            )
+        self.raise_step = check_real("raise_step", raise_step, minimum=0, min_open=True)
+        self.lower_step = check_real("lower_step", lower_step, minimum=0, min_open=True)
+        self.release_checks = check_int("release_checks", release_checks, minimum=1)
+        self.cooldown_checks = check_int("cooldown_checks", cooldown_checks, minimum=0)
+        self.margin = check_real("margin", margin, minimum=0)
+        if max_slowdown is not None:
+            check_real("max_slowdown", max_slowdown, minimum=1)
+        self.min_free, self.release_free, self.max_slowdown = min_free, release_free, max_slowdown
+        self.top = self.rungs  # the highest rung still on the ladder (max_slowdown may lower it)
+        self.rung_memory = MemoryModel(resolution=1.0)  # peak per rung, at the floor compression
+        self.compression_memory = MemoryModel()  # peak per compression, on the top rung
+        self.rung_seconds: dict[int, float] = {}  # step time per rung (moving average)
+        self.stage_savings: list[float] | None = None  # bytes each stage frees when checkpointed
+        self.oom_floor = self.min_compression
+        self._calm = 0
+        self._since_change = cooldown_checks
+        self._expected_free: float | None = None
+
+    # -- what the job tells the controller -------------------------------------------------
+
+    def set_stage_savings(self, savings: list[float]) -> None:
+        """Bytes each stage frees when checkpointed (stage 1 first), measured once by the caller.
+
+        One number per stage: the ladder gets one rung per stage. A number of stages other than
+        :attr:`rungs` resets what was learned per rung (the model's units changed).
+
+        Raises:
+            ValueError: for a negative number.
+        """
+        if any(s < 0 for s in savings):
+            raise ValueError(f"stage savings must be non-negative bytes, got {savings}")
+        if len(savings) != self.rungs:
+            self.rungs = self.top = len(savings)
+            self.rung_memory = MemoryModel(resolution=1.0)
+            self.rung_seconds = {}
+        self.stage_savings = [float(s) for s in savings]
+
+    def observe(self, setting: Setting, peak_bytes: float) -> None:
+        """The job's peak memory measured at ``setting``."""
+        if setting.compression <= self.min_compression:
+            self.rung_memory.observe(setting.rung, peak_bytes)
+        if setting.rung == self.top:
+            self.compression_memory.observe(setting.compression, peak_bytes)
+
+    def observe_time(self, rung: int, seconds: float) -> str | None:
+        """A step's time on ``rung``; returns a message when the rung leaves the ladder for being
+        slower than ``max_slowdown``."""
+        old = self.rung_seconds.get(rung)
+        self.rung_seconds[rung] = seconds if old is None else old + 0.3 * (seconds - old)
+        slowdown = self.slowdown(rung)
+        if self.max_slowdown is None or slowdown is None or rung == 0 or rung > self.top:
+            return None
+        if slowdown > self.max_slowdown:
+            self.top = rung - 1
+            self.compression_memory = MemoryModel()  # learned on the old top rung
+            return (
+                f"rung {rung} costs {slowdown:.2f}x rung 0's step time (max_slowdown {self.max_slowdown}); "
+                f"the ladder's top rung is now {self.top}"
+            )
+        return None
+
+    def slowdown(self, rung: int) -> float | None:
+        """Measured step time on ``rung`` over rung 0's; ``None`` until both were measured."""
+        base, time = self.rung_seconds.get(0), self.rung_seconds.get(rung)
+        return None if not base or time is None else time / base
+
+    # -- predictions -----------------------------------------------------------------------
+
+    def _saved(self, rung: int) -> float:
+        return sum(self.stage_savings[:rung]) if self.stage_savings else 0.0
+
+    def predict_rung(self, rung: int) -> float | None:
+        """Predicted peak on ``rung`` at the floor compression; ``None`` if unknown."""
+        points = self.rung_memory.points
+        if rung in points:
+            return points[rung]
+        if not points or self.stage_savings is None:
+            return None
+        nearest = min(points, key=lambda r: abs(r - rung))
+        return points[nearest] - (self._saved(rung) - self._saved(int(nearest)))
+
+    def predict(self, setting: Setting) -> float | None:
+        """Predicted peak at ``setting``; ``None`` if unknown."""
+        if setting.compression <= self.min_compression:
+            return self.predict_rung(setting.rung)
+        if setting.rung != self.top:
+            return None
+        return self.compression_memory.predict(setting.compression)
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def clamp(self, c: float) -> float:
+        """``c`` within ``[min_compression, max_compression]``."""
+        return min(self.max_compression, max(self.min_compression, round(c, 6)))
+
+    def decide(self, reading: MemoryReading, current: Setting) -> LadderDecision:
+        """The setting for the next steps, given a reading taken at ``current``."""
+        decision = self._decide(reading, current)
+        self._expected_free = self._predicted_free(reading.free, current, decision.setting)
+        return decision
+
+    def _predicted_free(self, free: int, current: Setting, target: Setting) -> float | None:
+        if target == current:
+            return float(free)
+        now, then = self.predict(current), self.predict(target)
+        return None if now is None or then is None else free + now - then
+
+    def _decide(self, reading: MemoryReading, current: Setting) -> LadderDecision:
+        low = _bytes(self.min_free, reading.total)
+        high = _bytes(self.release_free, reading.total)
+        self._since_change += 1
+        surprise = 0.0 if self._expected_free is None else max(0.0, self._expected_free - reading.free)
+        if reading.free < low:
+            self._calm = 0
+            deficit = (low - reading.free + surprise) * (1 + self.margin)
+            return self._change(self._raise(current, deficit), current, RAISE, reading.free, low)
+        if reading.free < high:
+            self._calm = 0
+            return LadderDecision(current.rung, current.compression, HOLD, reading.free, low)
+        self._calm += 1
+        if self._calm < self.release_checks or self._since_change <= self.cooldown_checks:
+            return LadderDecision(current.rung, current.compression, HOLD, reading.free, high)
+        return self._change(self._release(current, reading.free - high), current, LOWER, reading.free, high)
+
+    def _raise(self, current: Setting, deficit: float) -> Setting:
+        now = self.predict(current)
+        if current.compression <= self.min_compression and current.rung < self.top:
+            for rung in range(current.rung + 1, self.top + 1):
+                then = self.predict_rung(rung)
+                if then is None:  # unknown: the whole exact lever at once
+                    return Setting(self.top, self.min_compression)
+                if now is not None and now - then >= deficit:
+                    return Setting(rung, self.min_compression)
+            if now is None:
+                return Setting(self.top, self.min_compression)
+            deficit -= now - self.predict_rung(self.top)  # type: ignore[operator]
+            current, now = Setting(self.top, self.min_compression), self.predict_rung(self.top)
+        rung = min(current.rung, self.top)
+        start = current.compression if current.rung <= self.top else self.min_compression
+        target = self._least_compression(start, now, deficit)
+        if target is None or target <= start:
+            target = start + self.raise_step
+        return Setting(rung, self.clamp(max(target, start)))
+
+    def _least_compression(self, start: float, now: float | None, must_free: float) -> float | None:
+        """Least compression on the top rung predicted to use ``must_free`` less than ``now``."""
+        now = self.compression_memory.predict(start) if now is None else now
+        if now is None:
+            return None
+        steps = int(round((self.max_compression - self.min_compression) / _GRID))
+        for i in range(steps + 1):
+            c = self.min_compression + i * _GRID
+            predicted = self.compression_memory.predict(c)
+            if predicted is not None and now - predicted >= must_free:
+                return self.clamp(c)
+        return None
+
+    def _release(self, current: Setting, spare: float) -> Setting:
+        floor = max(self.min_compression, self.oom_floor)
+        if current.compression > floor:
+            fitting = self._least_compression(current.compression, None, -spare)
+            target = max(current.compression - self.lower_step if fitting is None else fitting, floor)
+            return Setting(current.rung, self.clamp(min(target, current.compression)))
+        if current.rung == 0 or current.compression > self.min_compression:
+            return current
+        now = self.predict(current)
+        for rung in range(current.rung):  # fastest first
+            then = self.predict_rung(rung)
+            if now is not None and then is not None and then - now <= spare:
+                return Setting(rung, current.compression)
+        return Setting(current.rung - 1, current.compression)
+
+    def notify_change(self) -> None:
+        """Restart the cooldown after a change this controller did not decide (another rank's,
+        an out-of-memory retry): its last prediction no longer holds."""
+        self._since_change = 0
+        self._calm = 0
+        self._expected_free = None
+
+    def on_oom(self, current: Setting) -> Setting:
+        """The setting to retry an out-of-memory step with: the top rung if below it, else more
+        compression (which releases never go below again)."""
+        self.notify_change()
+        if current.rung < self.top and current.compression <= self.min_compression:
+            return Setting(self.top, current.compression)
+        retry = self.clamp(current.compression + self.raise_step)
+        self.oom_floor = max(self.oom_floor, retry)
+        return Setting(min(current.rung, self.top), retry)
+
+    def _change(
+        self, target: Setting, current: Setting, reason: str, free: int, threshold: int
+    ) -> LadderDecision:
+        if target == current:
+            return LadderDecision(current.rung, current.compression, HOLD, free, threshold)
+        self._since_change = 0
+        self._calm = 0
+        return LadderDecision(target.rung, target.compression, reason, free, threshold)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "rungs": self.rungs,
+            "top": self.top,
+            "rung_memory": self.rung_memory.state_dict(),
+            "compression_memory": self.compression_memory.state_dict(),
+            "rung_seconds": [[r, s] for r, s in sorted(self.rung_seconds.items())],
+            "stage_savings": self.stage_savings,
+            "oom_floor": self.oom_floor,
+            "calm": self._calm,
+            "since_change": self._since_change,
+            "expected_free": self._expected_free,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; a ladder saved with another number of rungs keeps only
+        what does not depend on them (the compression model, the out-of-memory floor)."""
+        same_rungs = int(state.get("rungs", self.rungs)) == self.rungs
+        self.compression_memory.load_state_dict(state.get("compression_memory", {}))
+        self.oom_floor = float(state.get("oom_floor", self.min_compression))
+        self._calm = int(state.get("calm", 0))
+        self._since_change = int(state.get("since_change", self.cooldown_checks))
+        expected = state.get("expected_free")
+        self._expected_free = None if expected is None else float(expected)
+        if not same_rungs:
+            return
+        self.top = min(int(state.get("top", self.rungs)), self.rungs)
+        self.rung_memory.load_state_dict(state.get("rung_memory", {}))
+        self.rung_seconds = {int(r): float(s) for r, s in state.get("rung_seconds", [])}
+        savings = state.get("stage_savings")
+        self.stage_savings = None if savings is None else [float(s) for s in savings]
