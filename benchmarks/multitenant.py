@@ -1,36 +1,41 @@
-"""A training job beside a real co-tenant on a shared memory budget: plain vs AdaptiveBandLimit.
+"""A training job beside a real co-tenant on a shared memory budget: the ladder against what users run.
 
 Every job is the ``quickstart`` recipe (CIFAR ResNet-18 width 8, synthetic data, CPU) trained in
 its own process beside a co-tenant process whose resident memory follows a ramp: low, up a
 quarter into the run, held, gone at 70 % (:mod:`lightning_bandlimit.multitenant`). Both
 processes' memory is measured in ``/proc`` every step, never modelled; the job processes run
-with ``MALLOC_MMAP_THRESHOLD_=131072`` so that freed tensors leave the resident set (the plain
-job too: like for like).
+with ``MALLOC_MMAP_THRESHOLD_=131072`` so that freed tensors leave the resident set (every job:
+like for like).
 
-Per seed:
+Per seed (same data, another training seed), the rows:
 
-* **plain**: the recipe with plain ``nn.Conv2d`` (what the user would otherwise run). It does
-  not react to memory, so its accuracy is also plain-without-pressure; the budget is then
-  chosen from its measurement so that it does NOT fit beside the co-tenant's peak
-  (``budget_for``: ``--below`` of its step memory short), and its over-budget steps are counted
-  against that budget (on a GPU each would be an out-of-memory error).
-* **adaptive**: ``AdaptiveBandLimit`` from compression ``--floor`` (default 0, the callback's
-  default) on that budget, checking every step.
-* **fixed c**: ``BandLimit(c)`` for each ``--fixed`` compression, the whole run.
+* **plain**: the recipe with plain ``nn.Conv2d``, no callback (what the user would otherwise run).
+  Its accuracy is also plain-without-pressure. Two budgets are chosen from its measurement
+  (``budget_for``): **today's trace** leaves it ``--below`` (0.2) of its step memory short at
+  the co-tenant's peak, the **deep trace** ``--deep-below`` short: more than checkpointing
+  every block frees, so the compression must engage.
+* **checkpointed**: the plain model with every residual block always checkpointed
+  (``torch.utils.checkpoint``, non-reentrant; no callback): what a user could do instead.
+* **ladder**: ``AdaptiveBandLimit`` with both levers from compression 0, on each budget.
+* **compression-only**: ``AdaptiveBandLimit(levers=["compression"])`` from ``--floor`` (default
+  0, like the ladder), on each budget.
+* **ladder, no pressure**: the ladder on a budget four times the held memory: it never acts, so
+  its step time over plain's is the cost of being there.
 
-Prints mean +- std over the seeds and the verdicts (0 over-budget steps with the callback;
-final accuracy within 2 points of plain), writes ``benchmarks/results/<name>.json`` and
-``<name>.png`` (the first seed's timelines; ``--name``, default ``multitenant``).
+The plain and checkpointed jobs do not react to memory, so one run of each is counted against
+both budgets (same co-tenant trace). Per row and trace: over-budget steps per seed, accuracy,
+paired differences to plain (and ladder minus compression-only) with 95 % Student-t intervals,
+wall and step time over plain's. The verdicts (the targets of the ladder issue) come from these
+rows. Writes ``benchmarks/results/<name>.json`` and ``<name>.png`` (the first seed's timelines
+on today's trace; ``--name``, default ``multitenant``).
 
-Run: ``PYTHONPATH=. python benchmarks/multitenant.py`` (about 17 minutes on 2 CPU cores with
-the defaults, the main job's training: 3 seeds x 3 jobs x 3 epochs of 8192 images in batches of
-256, BatchNorm re-estimated over 2 batches before each validation).
+Run: ``PYTHONPATH=. python benchmarks/multitenant.py`` (about 30 minutes on 2 CPU cores with the
+defaults, the main job's training: 3 seeds x 7 jobs x 3 epochs of 8192 images in batches of 256).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import time
@@ -39,6 +44,7 @@ from pathlib import Path
 
 import lightning
 import torch
+from _elastic_stats import PairedDifference
 
 from lightning_bandlimit.memory import RampTrace
 from lightning_bandlimit.multitenant import (
@@ -51,14 +57,25 @@ from lightning_bandlimit.multitenant import (
     over_budget,
     plot_timelines,
 )
+from lightning_bandlimit.utils.files import atomic_write_json
 
 MIB = 2**20
+TRACES = ("today", "deep")
 
 
-def _mean_std(values: list[float]) -> str:
-    if len(values) < 2:
-        return f"{values[0]:.3f}" if values else "-"
-    return f"{statistics.mean(values):.3f} +- {statistics.stdev(values):.3f}"
+def _interval(d: PairedDifference) -> str:
+    if d.n < 2:
+        return f"{d.mean:+.1f} (1 seed: no interval)"
+    return f"{d.mean:+.1f} +- {d.std:.1f} [{d.low:+.1f}, {d.high:+.1f}]"
+
+
+def _ratio(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
+def _range(result: JobResult, key: str) -> list[float]:
+    values = [r.get(key, 0) for r in result.timeline]
+    return [min(values), max(values)]
 
 
 def main() -> None:
@@ -70,11 +87,15 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=8192)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--recalibrate-bn", type=int, default=2, help="BatchNorm re-estimate batches")
-    parser.add_argument("--floor", type=float, default=0.0, help="the adaptive job's least compression")
-    parser.add_argument("--fixed", type=float, nargs="*", default=[0.75], help="fixed-compression jobs")
+    parser.add_argument(
+        "--floor", type=float, default=0.0, help="the compression-only job's least compression"
+    )
     parser.add_argument("--low-mib", type=float, default=32.0, help="co-tenant before and after its peak")
     parser.add_argument("--high-mib", type=float, default=192.0, help="co-tenant at its peak")
-    parser.add_argument("--below", type=float, default=0.2, help="budget shortfall, in plain step memory")
+    parser.add_argument(
+        "--below", type=float, default=0.2, help="today's budget shortfall, in plain step memory"
+    )
+    parser.add_argument("--deep-below", type=float, default=0.55, help="the deep trace's budget shortfall")
     parser.add_argument("--work", type=Path, default=Path("runs/benchmark-multitenant"))
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--name", default="multitenant", help="file stem of the JSON and PNG written")
@@ -90,103 +111,176 @@ def main() -> None:
         "--data.batch_size",
         str(args.batch_size),
     ]
+    print(
+        f"plan: {len(args.seeds)} seeds x (plain, checkpointed, ladder no pressure, and ladder + "
+        f"compression-only on {len(TRACES)} traces) = {7 * len(args.seeds)} jobs",
+        flush=True,
+    )
     started = time.perf_counter()
     rows: list[dict] = []
     first: list[JobResult] = []
     first_budget = 0
-    for seed in args.seeds:
-        seeded = [*overrides, "--seed_everything", str(seed)]  # same data, another training seed
-        work = args.work / f"seed{seed}"
-        plain = launch(JobSpec("plain", "plain", str(work / "plain"), trace, overrides=seeded))
-        budget = budget_for(plain, ramp, below=args.below)
-        min_free, release_free = adaptive_thresholds(plain)
-        jobs = [("plain", plain)]
-        adaptive = launch(
-            JobSpec(
-                f"adaptive (floor {args.floor:g})",
-                "adaptive",
-                str(work / "adaptive"),
-                trace,
-                overrides=seeded,
-                compression=args.floor,
-                max_compression=0.9,
-                budget=budget,
-                min_free=min_free,
-                release_free=release_free,
-                recalibrate_bn=args.recalibrate_bn,
-            )
+
+    def record(seed: int, trace_name: str, setting: str, result: JobResult, budget: int) -> None:
+        row = {k: v for k, v in asdict(result).items() if k != "timeline"}
+        row.update(
+            seed=seed,
+            trace=trace_name,
+            setting=setting,
+            budget_bytes=budget,
+            over_budget_steps=over_budget(result, budget),
+            steps=len(result.timeline),
+            rung_range=_range(result, "rung"),
+            checkpointed_units_range=_range(result, "checkpointed_units"),
+            compression_range=_range(result, "compression"),
         )
-        jobs.append((adaptive.name, adaptive))
-        for c in args.fixed:
-            fixed = launch(
+        rows.append(row)
+        print(
+            f"seed {seed} {trace_name:<6} {setting:<20} acc {result.val_accuracy:.3f}  over budget "
+            f"{row['over_budget_steps']:>3}/{row['steps']}  peak {result.peak_job_bytes / MIB:.0f} MiB  step "
+            f"{result.step_ms:.0f} ms  wall {result.wall_s:.0f} s  rung {row['rung_range']}  c "
+            f"{row['compression_range']}",
+            flush=True,
+        )
+
+    for seed in args.seeds:
+        seeded = [*overrides, "--seed_everything", str(seed)]
+        work = args.work / f"seed{seed}"
+
+        def adaptive(
+            name: str, budget: int, levers: list[str], floor: float, thresholds: tuple[int, int]
+        ) -> JobResult:
+            return launch(
                 JobSpec(
-                    f"fixed {c:g}",
-                    "fixed",
-                    str(work / f"fixed{c:g}"),
+                    name,
+                    "adaptive",
+                    str(work / name.replace(" ", "-").replace(",", "")),
                     trace,
                     overrides=seeded,
-                    compression=c,
+                    compression=floor,
+                    max_compression=0.9,
+                    budget=budget,
+                    min_free=thresholds[0],
+                    release_free=thresholds[1],
                     recalibrate_bn=args.recalibrate_bn,
+                    levers=levers,
                 )
             )
-            jobs.append((fixed.name, fixed))
-        for name, result in jobs:
-            row = {k: v for k, v in asdict(result).items() if k != "timeline"}
-            row.update(
-                seed=seed,
-                setting=name,
-                budget_bytes=budget,
-                over_budget_steps=over_budget(result, budget),
-                steps=len(result.timeline),
-                compressions=sorted({r["compression"] for r in result.timeline}),
-            )
-            rows.append(row)
-            print(
-                f"seed {seed} {name:<22} acc {result.val_accuracy:.3f}  over budget "
-                f"{row['over_budget_steps']:>3}/{row['steps']}"
-                f"  peak {result.peak_job_bytes / MIB:.0f} MiB  step {result.step_ms:.0f} ms  c "
-                f"{result.final_compression:.2f}",
-                flush=True,
-            )
-        if not first:
-            first, first_budget = [r for _, r in jobs], budget
 
-    settings = list(dict.fromkeys(r["setting"] for r in rows))
-    plain_acc = {r["seed"]: r["val_accuracy"] for r in rows if r["setting"] == "plain"}
-    summary = []
-    print(
-        f"\n{'setting':<22} {'val acc (mean +- std)':>22} {'acc - plain':>16} {'over-budget steps':>17} "
-        f"{'peak MiB':>9} {'step ms':>8}"
-    )
-    for name in settings:
-        group = [r for r in rows if r["setting"] == name]
-        diffs = [r["val_accuracy"] - plain_acc[r["seed"]] for r in group]
-        entry = {
-            "setting": name,
-            "seeds": [r["seed"] for r in group],
-            "val_accuracy": [r["val_accuracy"] for r in group],
-            "accuracy_minus_plain": diffs,
-            "over_budget_steps": [r["over_budget_steps"] for r in group],
-            "peak_mib": [r["peak_job_bytes"] / MIB for r in group],
-            "step_ms": [r["step_ms"] for r in group],
-        }
-        summary.append(entry)
-        print(
-            f"{name:<22} {_mean_std(entry['val_accuracy']):>22} {_mean_std(diffs):>16} "
-            f"{'/'.join(map(str, entry['over_budget_steps'])):>17} "
-            f"{statistics.mean(entry['peak_mib']):>9.0f} "
-            f"{statistics.mean(entry['step_ms']):>8.0f}"
+        plain = launch(JobSpec("plain", "plain", str(work / "plain"), trace, overrides=seeded))
+        checkpointed = launch(
+            JobSpec("checkpointed", "checkpointed", str(work / "checkpointed"), trace, overrides=seeded)
         )
-    adaptive_entry = next(e for e in summary if e["setting"].startswith("adaptive"))
+        thresholds = adaptive_thresholds(plain)
+        budgets = {
+            "today": budget_for(plain, ramp, below=args.below),
+            "deep": budget_for(plain, ramp, below=args.deep_below),
+        }
+        roomy = 4 * budget_for(plain, ramp, below=0.01)
+        idle = adaptive("ladder no pressure", roomy, ["checkpoint", "compression"], 0.0, thresholds)
+        record(seed, "none", "ladder, no pressure", idle, roomy)
+        for trace_name, budget in budgets.items():
+            record(seed, trace_name, "plain", plain, budget)
+            record(seed, trace_name, "checkpointed", checkpointed, budget)
+            ladder = adaptive(f"ladder {trace_name}", budget, ["checkpoint", "compression"], 0.0, thresholds)
+            record(seed, trace_name, "ladder", ladder, budget)
+            limited = adaptive(
+                f"compression-only {trace_name}", budget, ["compression"], args.floor, thresholds
+            )
+            record(seed, trace_name, "compression-only", limited, budget)
+            if not first and trace_name == "today":
+                first, first_budget = [plain, checkpointed, ladder, limited], budget
+
+    def cell(trace_name: str, setting: str) -> dict[int, dict]:
+        return {r["seed"]: r for r in rows if r["trace"] == trace_name and r["setting"] == setting}
+
+    summary: list[dict] = []
+    lines = [
+        f"{'trace':<6} {'setting':<20} {'over budget':>11} {'val acc':>15} "
+        f"{'acc - plain, points (95 % CI)':>32} {'wall / plain':>17} {'step / plain':>17} {'units':>6} "
+        f"{'compression':>11}"
+    ]
+    for trace_name in TRACES:
+        plain_rows = cell(trace_name, "plain")
+        for setting in ("plain", "checkpointed", "ladder", "compression-only"):
+            group = cell(trace_name, setting)
+            seeds = sorted(group)
+            diff = PairedDifference.of(
+                [100 * (group[s]["val_accuracy"] - plain_rows[s]["val_accuracy"]) for s in seeds], target=1.0
+            )
+            entry = {
+                "trace": trace_name,
+                "setting": setting,
+                "seeds": seeds,
+                "over_budget_steps": [group[s]["over_budget_steps"] for s in seeds],
+                "val_accuracy": [group[s]["val_accuracy"] for s in seeds],
+                "accuracy_minus_plain_points": asdict(diff),
+                "wall_over_plain": [group[s]["wall_s"] / plain_rows[s]["wall_s"] for s in seeds],
+                "step_over_plain": [group[s]["step_ms"] / plain_rows[s]["step_ms"] for s in seeds],
+                "rung_max": max(group[s]["rung_range"][1] for s in seeds),
+                "checkpointed_units_max": max(group[s]["checkpointed_units_range"][1] for s in seeds),
+                "compression_max": max(group[s]["compression_range"][1] for s in seeds),
+            }
+            summary.append(entry)
+            accs = entry["val_accuracy"]
+            spread = (
+                f"{statistics.fmean(accs):.3f} +- {statistics.stdev(accs):.3f}"
+                if len(accs) > 1
+                else f"{accs[0]:.3f}"
+            )
+            over = "/".join(map(str, entry["over_budget_steps"]))
+            versus = _interval(diff) if setting != "plain" else "-"
+            lines.append(
+                f"{trace_name:<6} {setting:<20} {over:>11} {spread:>15} {versus:>32} "
+                f"{_ratio(entry['wall_over_plain']):>17} {_ratio(entry['step_over_plain']):>17} "
+                f"{entry['checkpointed_units_max']:>6} {entry['compression_max']:>11.2f}"
+            )
+    idle = cell("none", "ladder, no pressure")
+    plain_today = cell("today", "plain")
+    idle_ratio = [idle[s]["step_ms"] / plain_today[s]["step_ms"] for s in sorted(idle)]
+    idle_rungs = sorted({idle[s]["rung_range"][1] for s in idle})
+    idle_compressions = sorted({idle[s]["compression_range"][1] for s in idle})
+    lines.append(
+        f"no pressure: the ladder's median step time over plain's {_ratio(idle_ratio)}; highest rung "
+        f"{idle_rungs}, highest compression {idle_compressions}"
+    )
+    ladder_vs_limited = {}
+    for trace_name in TRACES:
+        ladder, limited = cell(trace_name, "ladder"), cell(trace_name, "compression-only")
+        ladder_vs_limited[trace_name] = PairedDifference.of(
+            [100 * (ladder[s]["val_accuracy"] - limited[s]["val_accuracy"]) for s in sorted(ladder)],
+            target=1.0,
+        )
+        lines.append(
+            f"{trace_name}: ladder - compression-only, points: {_interval(ladder_vs_limited[trace_name])}"
+        )
+
+    def entry(trace_name: str, setting: str) -> dict:
+        return next(e for e in summary if e["trace"] == trace_name and e["setting"] == setting)
+
+    today_ladder, deep_ladder = entry("today", "ladder"), entry("deep", "ladder")
+    today_diff = PairedDifference(**today_ladder["accuracy_minus_plain_points"])
     verdicts = {
-        "adaptive_zero_over_budget": all(n == 0 for n in adaptive_entry["over_budget_steps"]),
-        "adaptive_within_2_points_of_plain": statistics.mean(adaptive_entry["accuracy_minus_plain"]) >= -0.02,
-        "plain_over_budget_every_seed": all(
-            r["over_budget_steps"] > 0 for r in rows if r["setting"] == "plain"
+        "today: ladder 0 over-budget steps in every seed": all(
+            n == 0 for n in today_ladder["over_budget_steps"]
         ),
+        "today: ladder within 1 point of plain (paired mean)": today_diff.mean >= -1.0,
+        "today: ladder wall time <= 1.15x plain (mean)": statistics.fmean(today_ladder["wall_over_plain"])
+        <= 1.15,
+        "today: plain over budget in every seed": all(
+            n > 0 for n in entry("today", "plain")["over_budget_steps"]
+        ),
+        "deep: ladder 0 over-budget steps in every seed": all(
+            n == 0 for n in deep_ladder["over_budget_steps"]
+        ),
+        "deep: checkpointing alone over budget in every seed": all(
+            n > 0 for n in entry("deep", "checkpointed")["over_budget_steps"]
+        ),
+        "deep: ladder above compression-only (interval excludes 0)": ladder_vs_limited["deep"].low > 0,
+        "no pressure: ladder step time <= 1.03x plain (mean)": statistics.fmean(idle_ratio) <= 1.03,
     }
-    for key, ok in verdicts.items():
-        print(f"{key}: {'PASS' if ok else 'FAIL'}")
+    lines += [f"{key}: {'PASS' if ok else 'FAIL'}" for key, ok in verdicts.items()]
+    print("\n" + "\n".join(lines))
     args.output.mkdir(parents=True, exist_ok=True)
     report = {
         "command": "PYTHONPATH=. python benchmarks/multitenant.py "
@@ -200,6 +294,9 @@ def main() -> None:
         "host_allocator_env": HOST_ALLOCATOR_ENV,
         "rows": rows,
         "summary": summary,
+        "ladder_minus_compression_only_points": {k: asdict(v) for k, v in ladder_vs_limited.items()},
+        "no_pressure_step_over_plain": idle_ratio,
+        "table": lines,
         "verdicts": verdicts,
         "wall_s": time.perf_counter() - started,
         "versions": {
@@ -210,9 +307,12 @@ def main() -> None:
         "threads": torch.get_num_threads(),
     }
     json_path, png_path = args.output / f"{args.name}.json", args.output / f"{args.name}.png"
-    json_path.write_text(json.dumps(report, indent=2))
+    atomic_write_json(json_path, report)
     plot_timelines(
-        first, first_budget, png_path, title=f"seed {args.seeds[0]}: quickstart beside a co-tenant"
+        first,
+        first_budget,
+        png_path,
+        title=f"seed {args.seeds[0]}, today's trace: quickstart beside a co-tenant",
     )
     print(f"wrote {json_path} and {png_path} ({report['wall_s'] / 60:.1f} min)")
 

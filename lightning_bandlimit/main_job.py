@@ -8,18 +8,24 @@
    leaves at 70 %; its resident memory is measured every step;
 2. a **budget** chosen from that measurement so that the plain job does NOT fit beside the
    co-tenant's peak (:func:`~lightning_bandlimit.multitenant.budget_for`);
-3. the **band-limited** job: the same recipe with an
-   :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` reading that budget, its floor the
-   recipe's compression: it raises the compression as the co-tenant grows, gives it back when
-   it leaves, and keeps BatchNorm statistics consistent with it;
+3. the **ladder** job: the same recipe with an
+   :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` with both levers, from
+   compression 0, on that budget: it checkpoints stages of residual blocks (exact) as the
+   co-tenant grows, raises the compression only beyond them, and gives everything back when
+   the co-tenant leaves;
+4. the **band-limited** job: the compression-only ``AdaptiveBandLimit`` (``levers:
+   [compression]``) whose floor is the recipe's compression (the earlier releases' memory-aware
+   job, and the band-limited model the robustness report compares);
 
-then prints the side-by-side table, writes the timeline plot, and evaluates both checkpoints
-under attack with the ``robustness`` recipe::
+then prints the side-by-side table and a verdict computed from its rows, writes the timeline
+plot, and evaluates the full-spectrum and band-limited checkpoints under attack with the
+``robustness`` recipe::
 
     runs/main-<timestamp>/
         full-spectrum/   spec.json, job.log, result.json (per-step timeline), checkpoints, metrics.csv
-        band-limited/    the same for the memory-aware job
-        timeline.png     budget, job + co-tenant memory of both jobs, compression
+        ladder/          the same for the ladder job
+        band-limited/    the same for the compression-only job
+        timeline.png     budget, job + co-tenant memory of the jobs, rung, compression
         summary.json     the table, budget, trace, versions, wall times
         robustness/      results.json/.csv, accuracy_vs_eps.png, heat maps, summary.md
 """
@@ -74,27 +80,54 @@ DEFAULT_ROBUSTNESS = ["--limit", "64", "--heat_map_limit", "64"]
 RECALIBRATE_BN = 2
 
 
+def _span(values: list[float], final: float, fmt: str) -> str:
+    low, high = min(values), max(values)
+    return f"{low:{fmt}}-{high:{fmt}}->{final:{fmt}}" if high > low else f"{final:{fmt}}"
+
+
 def _table(rows: list[tuple[str, JobResult]], budget: int) -> str:
     header = (
-        f"{'variant':<14} {'val acc':>7} {'compression':>15} {'changes':>7} {'peak MiB':>8} {'step +MiB':>9} "
+        f"{'variant':<14} {'val acc':>7} {'rung':>7} {'compression':>15} {'peak MiB':>8} {'step +MiB':>9} "
         f"{'over budget':>11} {'step ms':>7} {'BN s':>5} {'wall s':>6}"
     )
     lines = [header]
     for variant, r in rows:
-        seen = [t["compression"] for t in r.timeline]
-        span = (
-            f"{min(seen):.2f}-{max(seen):.2f}->{r.final_compression:.2f}"
-            if max(seen) > min(seen)
-            else f"{r.final_compression:.2f}"
-        )
+        rungs = [t.get("rung", 0) for t in r.timeline]
         lines.append(
-            f"{variant:<14} {r.val_accuracy:>7.3f} {span:>15} {r.compression_changes:>7} "
+            f"{variant:<14} {r.val_accuracy:>7.3f} "
+            f"{_span(rungs, rungs[-1], 'd') if r.rungs else '-':>7} "
+            f"{_span([t['compression'] for t in r.timeline], r.final_compression, '.2f'):>15} "
             f"{r.peak_job_bytes / MIB:>8.0f} "
             f"{r.step_increment_bytes / MIB:>9.1f} {over_budget(r, budget):>5}/{len(r.timeline):<5} "
             f"{r.step_ms:>7.0f} "
             f"{r.bn_recalibration_seconds:>5.1f} {r.wall_s:>6.0f}"
         )
     return "\n".join(lines)
+
+
+def _verdict(plain: JobResult, ladder: JobResult, limited: JobResult, budget: int) -> list[str]:
+    """One line per memory-aware job, computed from the table's rows, and the ladder's targets."""
+    steps = len(plain.timeline)
+    lines = [f"verdict: the plain job overdrew the budget at {over_budget(plain, budget)} of {steps} steps."]
+    for name, job in (("ladder", ladder), ("compression-only", limited)):
+        rungs = [t.get("rung", 0) for t in job.timeline]
+        compressions = [t["compression"] for t in job.timeline]
+        lines.append(
+            f"  {name}: {over_budget(job, budget)} over-budget steps; "
+            f"{100 * (job.val_accuracy - plain.val_accuracy):+.1f} accuracy points from the plain job; "
+            f"{job.wall_s / plain.wall_s:.2f}x its wall time; rung {min(rungs)}-{max(rungs)} of {job.rungs}, "
+            f"compression {min(compressions):.2f}-{max(compressions):.2f}"
+        )
+    targets = {
+        "0 over-budget steps": over_budget(ladder, budget) == 0,
+        "within 1 point of plain": ladder.val_accuracy - plain.val_accuracy >= -0.01,
+        "wall time <= 1.15x plain": ladder.wall_s <= 1.15 * plain.wall_s,
+    }
+    lines.append(
+        "  ladder targets (one seed, no interval; benchmarks/multitenant.py has 3 seeds): "
+        + ", ".join(f"{k} {'PASS' if ok else 'FAIL'}" for k, ok in targets.items())
+    )
+    return lines
 
 
 def _check_arguments(
@@ -165,20 +198,21 @@ def main(
     robustness: bool = True,
     robustness_overrides: list[str] | None = None,
 ) -> Path:
-    """Run the multi-tenant scenario on ``recipe`` (plain, then memory-aware), then attack both.
+    """Run the multi-tenant scenario on ``recipe`` (plain, the ladder, compression-only), then attack.
 
     Args:
         recipe: recipe name (``lightning-bandlimit recipes``) or a config path; its
-            ``BandLimit`` compression is the memory-aware job's floor.
+            ``BandLimit`` compression is the compression-only job's floor.
         output_dir: parent of the run folder ``main-<timestamp>``.
-        overrides: LightningCLI arguments for both jobs; default: 3 epochs of 8192 images in
+        overrides: LightningCLI arguments for all jobs; default: 3 epochs of 8192 images in
             batches of 256 (the main job's time on 2 CPU cores), e.g.
             ``'[--trainer.max_epochs, "2"]'``.
         cotenant_low_mib: the co-tenant's memory before it grows and after it leaves.
         cotenant_high_mib: the co-tenant's memory at its peak.
         budget_below: the budget sits this fraction of the plain job's step memory below what
             the plain job and the co-tenant's peak need together.
-        robustness: run the ``robustness`` recipe on both checkpoints at the end.
+        robustness: run the ``robustness`` recipe on the full-spectrum and band-limited
+            checkpoints at the end.
         robustness_overrides: arguments for ``lightning-bandlimit robustness`` after
             ``--config robustness``; default ``[--limit, "64", --heat_map_limit, "64"]`` (64 test
             images: a demonstration; the robustness recipe itself evaluates 256), e.g.
@@ -205,7 +239,7 @@ def main(
     started = time.perf_counter()
 
     print(
-        f"[main] 1/2 full-spectrum job (plain nn.Conv2d) beside a co-tenant growing {cotenant_low_mib:.0f} "
+        f"[main] 1/3 full-spectrum job (plain nn.Conv2d) beside a co-tenant growing {cotenant_low_mib:.0f} "
         "-> "
         f"{cotenant_high_mib:.0f} MiB; log: {run_dir / 'full-spectrum' / 'job.log'}",
         flush=True,
@@ -222,8 +256,30 @@ def main(
         flush=True,
     )
     print(
-        f"[main] 2/2 band-limited job (AdaptiveBandLimit, floor: the recipe's compression) on that budget; "
-        f"log: {run_dir / 'band-limited' / 'job.log'}",
+        f"[main] 2/3 ladder job (AdaptiveBandLimit: checkpointing first, then compression from 0) on that "
+        f"budget; log: {run_dir / 'ladder' / 'job.log'}",
+        flush=True,
+    )
+    ladder = launch(
+        JobSpec(
+            "ladder",
+            "adaptive",
+            str(run_dir / "ladder"),
+            trace,
+            recipe,
+            overrides,
+            compression=0.0,
+            max_compression=0.9,
+            budget=budget,
+            min_free=min_free,
+            release_free=release_free,
+            recalibrate_bn=RECALIBRATE_BN,
+            levers=["checkpoint", "compression"],
+        )
+    )
+    print(
+        "[main] 3/3 band-limited job (compression-only AdaptiveBandLimit, floor: the recipe's compression) "
+        f"on that budget; log: {run_dir / 'band-limited' / 'job.log'}",
         flush=True,
     )
     adaptive = launch(
@@ -240,14 +296,15 @@ def main(
             min_free=min_free,
             release_free=release_free,
             recalibrate_bn=RECALIBRATE_BN,
+            levers=["compression"],
         )
     )
-    rows = [("full-spectrum", plain), ("band-limited", adaptive)]
+    rows = [("full-spectrum", plain), ("ladder", ladder), ("band-limited", adaptive)]
     plot_timelines(
-        [plain, adaptive],
+        [plain, ladder, adaptive],
         budget,
         run_dir / "timeline.png",
-        title=f"{recipe}: plain vs AdaptiveBandLimit beside a co-tenant",
+        title=f"{recipe}: plain vs the ladder vs compression-only beside a co-tenant",
     )
     training_s = time.perf_counter() - started
     summary = {
@@ -265,6 +322,7 @@ def main(
                 **{k: x for k, x in asdict(r).items() if k != "timeline"},
                 "over_budget_steps": over_budget(r, budget),
                 "steps": len(r.timeline),
+                "robustness": v != "ladder",
             }
             for v, r in rows
         ],
@@ -276,7 +334,6 @@ def main(
         },
         "threads": torch.get_num_threads(),
     }
-    atomic_write_json(run_dir / SUMMARY_NAME, summary)
     print()
     print(_table(rows, budget))
     share = adaptive.bn_recalibration_seconds / adaptive.wall_s if adaptive.wall_s else float("nan")
@@ -287,8 +344,8 @@ def main(
         "step +MiB: median growth of the resident set within a step; over budget: steps whose peak plus the\n"
         "co-tenant's memory exceeded the budget (on a GPU, an out-of-memory error); BN s: BatchNorm "
         "re-estimation\n"
-        f"time ({100 * share:.1f} % of the band-limited job's wall time). Both jobs run with "
-        f"{HOST_ALLOCATOR_ENV} so\n"
+        f"time ({100 * share:.1f} % of the band-limited job's wall time); rung: checkpointed stages of\n"
+        f"residual blocks (exact; 'a-b->c': range, then final). All jobs run with {HOST_ALLOCATOR_ENV} so\n"
         "that freed tensors leave the resident set; with glibc's default heap it keeps its high-water mark.\n"
         "One seed (the recipe's seed_everything): accuracies move by several points between seeds on this "
         "budget;\n"
@@ -296,14 +353,10 @@ def main(
         "GPU's\n"
         "allocator (no GPU here), or a co-tenant that grows faster than one check (one step)."
     )
-    plain_over, adaptive_over = over_budget(plain, budget), over_budget(adaptive, budget)
-    print(
-        f"verdict: the plain job overdrew the budget at {plain_over} of {len(plain.timeline)} steps, the "
-        "memory-aware "
-        f"job at {adaptive_over}; it ended {100 * (adaptive.val_accuracy - plain.val_accuracy):+.1f} "
-        "accuracy points "
-        f"from the plain job (this seed)."
-    )
+    verdict = _verdict(plain, ladder, adaptive, budget)
+    summary["verdict"] = verdict
+    atomic_write_json(run_dir / SUMMARY_NAME, summary)
+    print("\n".join(verdict))
     print(
         f"training wall time {training_s:.0f} s; timeline: {run_dir / 'timeline.png'}; run folder: {run_dir}"
     )

@@ -1,8 +1,9 @@
 """The main job's ``summary.json``: where a run keeps it, and the checkpoints it records.
 
 :mod:`lightning_bandlimit.main_job` writes ``runs/main-<timestamp>/summary.json``; its
-``results`` list holds one entry per variant (``"band-limited"``, ``"full-spectrum"``) with the
-``checkpoint`` that variant's job saved. The reader lives here, beside the format's name, and
+``results`` list holds one entry per variant (``"band-limited"``, ``"full-spectrum"``, and the
+``"ladder"`` job, marked ``"robustness": false``) with the ``checkpoint`` that variant's job
+saved. The reader lives here, beside the format's name, and
 not in :mod:`~lightning_bandlimit.main_job` itself: the main job runs the robustness recipe,
 which reads the summary back, so a reader inside ``main_job`` would make the two import each
 other. Nothing here imports the rest of the package.
@@ -76,6 +77,8 @@ def main_run_checkpoints(main_run: str | Path = "latest", runs_dir: str | Path =
     summary = json.loads(summary_path.read_text())
     found: dict[str, Path] = {}
     for result in summary.get("results", []):
+        if result.get("robustness") is False:  # a run the main job does not attack
+            continue
         variant, checkpoint = result.get("variant"), result.get("checkpoint")
         if not checkpoint:
             raise ValueError(f"{summary_path}: the {variant!r} run recorded no checkpoint")

@@ -4,9 +4,11 @@ One job is one recipe trained in its own process (so its resident memory is its 
 :class:`~lightning_bandlimit.memory.CoTenant` that follows a
 :class:`~lightning_bandlimit.memory.RampTrace`, measured every step by a
 :class:`~lightning_bandlimit.callbacks.SharedBudget`. A job is ``plain`` (the recipe with plain
-``nn.Conv2d``: what the user would otherwise run), ``fixed`` (band-limited at one compression)
-or ``adaptive`` (an :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` reading the
-budget). The job processes start with ``MALLOC_MMAP_THRESHOLD_=131072`` so that their resident
+``nn.Conv2d``: what the user would otherwise run), ``checkpointed`` (the plain model with every
+checkpointable unit always checkpointed: what a user could do instead, no callback), ``fixed``
+(band-limited at one compression) or ``adaptive`` (an
+:class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` reading the budget, with the levers
+its spec names). The job processes start with ``MALLOC_MMAP_THRESHOLD_=131072`` so that their resident
 set follows their live tensors, as a GPU job's reserved memory does after ``empty_cache``;
 the plain job runs under the same setting, so the comparison is like for like.
 
@@ -43,8 +45,8 @@ __all__ = [
     "run_job",
 ]
 
-Mode = Literal["plain", "fixed", "adaptive"]
-MODES = ("plain", "fixed", "adaptive")
+Mode = Literal["plain", "checkpointed", "fixed", "adaptive"]
+MODES = ("plain", "checkpointed", "fixed", "adaptive")
 HOST_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
 
 
@@ -54,7 +56,7 @@ class JobSpec:
 
     Args:
         name: the job's name (folder and legend).
-        mode: ``"plain"``, ``"fixed"`` or ``"adaptive"``.
+        mode: ``"plain"``, ``"checkpointed"``, ``"fixed"`` or ``"adaptive"``.
         out_dir: where its checkpoints, logs and ``result.json`` go.
         trace: the co-tenant's trace, as :class:`RampTrace` fields.
         recipe: recipe name or config path.
@@ -67,6 +69,8 @@ class JobSpec:
         release_free: ``adaptive``: free bytes above which compression is given back.
         recalibrate_bn: ``fixed`` / ``adaptive``: training batches BatchNorm statistics are
             re-estimated over before each validation (``0``: off).
+        levers: ``adaptive``: the levers (``["checkpoint", "compression"]``, the ladder, by
+            default; ``["compression"]``: compression only).
 
     Raises:
         ValueError: for an unknown mode, or an adaptive job without budget and thresholds.
@@ -84,6 +88,7 @@ class JobSpec:
     min_free: int | None = None
     release_free: int | None = None
     recalibrate_bn: int = 8
+    levers: list[str] = field(default_factory=lambda: ["checkpoint", "compression"])
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
@@ -111,6 +116,8 @@ class JobResult:
     checkpoint: str
     log_dir: str
     timeline: list[dict[str, Any]]
+    rungs: int = 0
+    rung_slowdowns: dict[str, float] = field(default_factory=dict)
 
 
 def run_job(spec: JobSpec) -> JobResult:
@@ -122,6 +129,7 @@ def run_job(spec: JobSpec) -> JobResult:
             (a ``ValueError``; the message is the root cause, on one line).
     """
     from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit, SharedBudget, StepTimer
+    from lightning_bandlimit.checkpointing import checkpoint, checkpoint_units
     from lightning_bandlimit.cli import BandLimitCLI, recipe_path
 
     out = Path(spec.out_dir)
@@ -165,8 +173,12 @@ def run_job(spec: JobSpec) -> JobResult:
             release_free=spec.release_free,
             check_every_n_steps=1,
             recalibrate_bn=spec.recalibrate_bn,
+            levers=spec.levers,
             **selection,
         )
+    elif spec.mode == "checkpointed":
+        for _, unit in checkpoint_units(model):
+            checkpoint(unit)
     if band is not None:
         trainer.callbacks.insert(1, band)
     timer = StepTimer()
@@ -176,6 +188,7 @@ def run_job(spec: JobSpec) -> JobResult:
     wall = time.perf_counter() - started
     timeline = shared.timeline
     decisions = band.decisions if isinstance(band, AdaptiveBandLimit) else []
+    ladder = band.controller if isinstance(band, AdaptiveBandLimit) else None
     checkpoint = trainer.checkpoint_callback
     result = JobResult(
         name=spec.name,
@@ -193,6 +206,12 @@ def run_job(spec: JobSpec) -> JobResult:
         checkpoint=getattr(checkpoint, "last_model_path", "") or getattr(checkpoint, "best_model_path", ""),
         log_dir=str(trainer.log_dir),
         timeline=[{**r, "decision": None} for r in timeline],
+        rungs=ladder.rungs if ladder is not None else 0,
+        rung_slowdowns={
+            str(r): ladder.slowdown(r) for r in sorted(ladder.rung_seconds) if ladder.slowdown(r) is not None
+        }
+        if ladder is not None
+        else {},
     )
     for record in decisions:  # mark each step's decision in the timeline
         index = record["step"] - 1
@@ -267,15 +286,15 @@ def adaptive_thresholds(plain: JobResult) -> tuple[int, int]:
 
 
 def plot_timelines(results: list[JobResult], budget: int, path: Path, title: str = "") -> None:
-    """Budget, job + co-tenant memory of each job, and compression, over the training steps."""
+    """Budget, job + co-tenant memory of each job, checkpointed units and compression, over the steps."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     mib = 2**20
-    fig, (top, middle, bottom) = plt.subplots(
-        3, 1, figsize=(9, 7.5), sharex=True, height_ratios=[3, 1.2, 1.5]
+    fig, (top, middle, rungs, bottom) = plt.subplots(
+        4, 1, figsize=(9, 9), sharex=True, height_ratios=[3, 1.2, 1.5, 1.5]
     )
     for result in results:
         steps = [r["step"] for r in result.timeline]
@@ -285,13 +304,18 @@ def plot_timelines(results: list[JobResult], budget: int, path: Path, title: str
             label=f"{result.name} + co-tenant",
         )
         bottom.plot(steps, [r["compression"] for r in result.timeline], label=result.name)
+        rungs.step(
+            steps, [r.get("checkpointed_units", 0) for r in result.timeline], where="post", label=result.name
+        )
     first = results[0].timeline
     middle.plot([r["step"] for r in first], [r["cotenant_bytes"] / mib for r in first], color="grey")
     top.axhline(budget / mib, color="red", ls="--", label="budget")
     top.set_ylabel("resident MiB\n(job's step peak + co-tenant)", fontsize=9)
     top.legend(fontsize=8, loc="upper left")
     middle.set_ylabel("co-tenant MiB", fontsize=9)
-    bottom.set_ylabel("compression", fontsize=9)
+    rungs.set_ylabel("checkpointed\nunits (exact)", fontsize=9)
+    rungs.legend(fontsize=8, loc="upper left")
+    bottom.set_ylabel("compression\n(lossy)", fontsize=9)
     bottom.set_xlabel("training step")
     bottom.set_ylim(-0.05, 1)
     bottom.legend(fontsize=8, loc="upper left")

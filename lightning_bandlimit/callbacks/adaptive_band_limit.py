@@ -377,7 +377,8 @@ class AdaptiveBandLimit(BandLimit):
             changes = []
             if target.rung != previous.rung:
                 changes.append(
-                    f"rung {previous.rung} -> {target.rung} ({self._units_at(target.rung)} units checkpointed)"
+                    f"rung {previous.rung} -> {target.rung} "
+                    f"({self._units_at(target.rung)} units checkpointed)"
                 )
             if target.compression != previous.compression:
                 changes.append(f"compression {previous.compression:.3f} -> {target.compression:.3f}")

@@ -11,6 +11,7 @@ from typing_extensions import override
 
 from lightning_bandlimit.callbacks.adaptive_band_limit import AdaptiveBandLimit
 from lightning_bandlimit.callbacks.band_limit import BandLimit
+from lightning_bandlimit.checkpointing import is_checkpointed
 from lightning_bandlimit.memory.budget import SharedBudgetProbe
 from lightning_bandlimit.memory.cotenant import CoTenant, RampTrace
 from lightning_bandlimit.memory.process import peak_resident_bytes, reset_peak_resident, resident_bytes
@@ -32,7 +33,8 @@ class SharedBudget(Callback):
     moves to ``trace(step / total steps)`` and the job's resident high-water mark is reset, after
     it the job's peak resident set during the step is read (``/proc``: measured, not modelled).
     Each step is kept in :attr:`timeline` (job peak bytes, job bytes at the step's start, co-tenant
-    bytes, compression of any :class:`BandLimit` callback, whether the two overdrew ``budget``) and logged as
+    bytes, compression of any :class:`BandLimit` callback, the rung of an ``AdaptiveBandLimit`` and the
+    number of checkpointed modules, whether the two overdrew ``budget``) and logged as
     ``SharedBudget/job_bytes``, ``.../cotenant_bytes`` and ``.../over_budget``.
 
     :attr:`probe` (``None`` without a budget) reads the budget's free memory for an
@@ -137,6 +139,8 @@ class SharedBudget(Callback):
                 "start_bytes": self._step_start,
                 "cotenant_bytes": self._step_cotenant,
                 "compression": band.compression if band is not None else 0.0,
+                "rung": getattr(band, "rung", 0),
+                "checkpointed_units": sum(is_checkpointed(m) for m in pl_module.modules()),
                 "over_budget": over,
             }
         )
