@@ -147,7 +147,9 @@ def test_without_the_restore_the_recompute_would_update_batchnorm_twice(
     _step(naive, x, y)
     assert int(model.get_submodule("3.bn1").num_batches_tracked) == 1
     assert int(naive.get_submodule("3.bn1").num_batches_tracked) == 2
-    assert not torch.equal(model.get_submodule("3.bn1").running_mean, naive.get_submodule("3.bn1").running_mean)
+    assert not torch.equal(
+        model.get_submodule("3.bn1").running_mean, naive.get_submodule("3.bn1").running_mean
+    )
 
 
 class _nothing:  # noqa: N801 - a null context manager standing in for the restore

@@ -110,7 +110,7 @@ def test_rungs_first_compression_on_the_top_rung_then_back(tmp_path: Path) -> No
         assert record["job_peak_bytes"] > 0
     assert callback.decisions[0]["slowdown"] == 1.0  # rung 0 over itself
     # the model ran at the decided rung: checkpointed blocks as each next step started
-    for record in callback.decisions[1:-1]:
+    for record in callback.decisions[:-1]:
         assert spy.checkpointed[record["step"]] == record["checkpointed_units"], record
     assert {layer.compression for _, layer in bandlimited_layers(model)} == {0.0}
     # learned: memory per rung (rung 0 measured, rung 1 too) and the stage savings
@@ -230,7 +230,9 @@ class _Tick(pl.Callback):
         self.clock.now += 1.0 + 0.5 * (stages.rung if stages is not None else 0)
 
 
-def test_max_slowdown_takes_slow_rungs_off_the_ladder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_max_slowdown_takes_slow_rungs_off_the_ladder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = _Clock()
     monkeypatch.setattr(adaptive_module, "time", clock)
     callback = _callback(max_slowdown=1.8)
@@ -247,6 +249,83 @@ def test_max_slowdown_takes_slow_rungs_off_the_ladder(tmp_path: Path, monkeypatc
     assert all(d["rung"] <= 3 for d in callback.decisions if d["step"] > timed + 1)
     assert any(d["slowdown"] == pytest.approx(3.0) for d in callback.decisions)
     assert callback.decisions[-1]["rung"] == 0
+
+
+# -- out-of-memory backstop -------------------------------------------------------------------
+
+
+class _FitsCheckpointed(ImageClassifier):
+    """Simulates a job that runs out of memory unless its blocks are checkpointed: the error is
+    raised at the start of ``training_step``, in the middle of the forward (before block
+    ``backbone.5`` runs) or at its end."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__("cifar_resnet18", width=4)
+        self.where = where
+        self.ooms = 0
+        if where == "middle":
+            self.backbone[5].register_forward_pre_hook(lambda *_: self._maybe_oom())
+
+    def _maybe_oom(self) -> None:
+        if self.training and torch.is_grad_enabled() and not is_checkpointed(self.backbone[3]):
+            self.ooms += 1
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if self.where == "start":
+            self._maybe_oom()
+        loss = super().training_step(batch, batch_idx)
+        if self.where == "end":
+            self._maybe_oom()
+        return loss
+
+
+def _fit_oom(
+    tmp_path: Path, where: str, max_steps: int = 4
+) -> tuple[AdaptiveBandLimit, _FitsCheckpointed, _Spy]:
+    model = _FitsCheckpointed(where)
+    callback = _callback([30 * M] * 20)  # the hold band: nothing but the backstop moves
+    try:
+        with pytest.warns(UserWarning, match="out of memory in training_step"):
+            _, spy, _ = _fit(callback, tmp_path, max_steps=max_steps, model=model)
+    except torch.cuda.OutOfMemoryError:
+        pytest.fail(
+            f"the retry ran out of memory again, at {callback.decisions[-1]}; "
+            f"ladder {callback.controller.state_dict()}"
+        )
+    return callback, model, spy
+
+
+def test_oom_backstop_retries_on_the_top_rung_exactly(tmp_path: Path) -> None:
+    callback, model, spy = _fit_oom(tmp_path, "end")
+    assert model.ooms == 1
+    first = callback.decisions[0]
+    assert (first["step"], first["reason"], first["rung"], first["compression"]) == (0, "oom", 4, 0.0)
+    assert first["checkpointed_units"] == 8
+    assert callback.controller.oom_floor == 0.0  # an exact retry sets no compression floor
+    assert {(d["rung"], d["compression"]) for d in callback.decisions} == {(4, 0.0)}
+    assert spy.checkpointed[1] == 8
+    assert "training_step" not in model.__dict__  # the guard is removed at teardown
+    assert not any(is_checkpointed(m) for m in model.modules())
+
+
+def test_oom_backstop_retry_does_not_learn_the_failed_attempt_as_the_retry_rung(tmp_path: Path) -> None:
+    callback, _, _ = _fit_oom(tmp_path, "end")
+    peaks = [d["job_peak_bytes"] for d in callback.decisions if d["reason"] == "hold"]
+    # steps 1..4 all ran on rung 4 with the same batch size: the same bytes saved for backward
+    assert len(set(peaks)) == 1, peaks
+
+
+@pytest.mark.parametrize("where", ["start", "middle"])
+def test_oom_in_the_first_step_keeps_the_whole_ladder(tmp_path: Path, where: str) -> None:
+    # An out-of-memory error in the first step, which also measures the units, before all of
+    # them ran: the retry should still go to the model's top rung, with every stage known.
+    callback, model, spy = _fit_oom(tmp_path, where)
+    assert model.ooms == 1
+    assert callback.controller.rungs == callback.controller.top == 4, callback.controller.state_dict()
+    first = callback.decisions[0]
+    assert (first["reason"], first["rung"], first["compression"]) == ("oom", 4, 0.0), first
+    assert spy.checkpointed[1] == 8
 
 
 # -- resume -----------------------------------------------------------------------------------

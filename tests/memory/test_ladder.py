@@ -370,6 +370,7 @@ def test_negative_stage_savings_raise_value_error() -> None:
 
 BUDGET = 3000
 RUNG_MEMORY = [1000, 700, 550, 470]  # the job's peak per rung at compression 0
+MIN_FREE, GROWTH = 200, 100  # the co-tenant grows by less than min_free per check
 
 
 def _job_memory(setting: Setting) -> float:
@@ -380,7 +381,12 @@ def _job_memory(setting: Setting) -> float:
 def _simulate(cotenant: list[int]) -> tuple[list[Setting], list[float], list[str]]:
     """Feed a ladder one check per step: free = budget - co-tenant - job(setting it ran with)."""
     ladder = LadderController(
-        rungs=3, min_free=200, release_free=400, raise_step=0.2, lower_step=0.1, max_compression=0.9
+        rungs=3,
+        min_free=MIN_FREE,
+        release_free=2 * MIN_FREE,
+        raise_step=0.2,
+        lower_step=0.1,
+        max_compression=0.9,
     )
     ladder.set_stage_savings([300, 150, 80])  # the exact differences of RUNG_MEMORY
     setting, settings, frees, reasons = FLOOR, [], [], []
@@ -400,9 +406,6 @@ def _ramp(peak: int) -> list[int]:
     """A co-tenant that grows by 100 bytes a step (less than min_free) to ``peak``, stays, leaves."""
     up = list(range(1500, peak, 100)) + [peak] * 10
     return up + list(range(peak, -1, -150)) + [0] * 40
-
-
-MIN_FREE, GROWTH = 200, 100  # the co-tenant grows by less than min_free per check
 
 
 @pytest.mark.parametrize("peak", [1900, 2100, 2200, 2300])
