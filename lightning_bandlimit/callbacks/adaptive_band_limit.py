@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from lightning_bandlimit.batchnorm import Forward
 from lightning_bandlimit.callbacks.band_limit import BandLimit
-from lightning_bandlimit.checkpointing import CheckpointStages, UnitProfile, checkpoint_units
+from lightning_bandlimit.checkpointing import CheckpointStages, UnitProfile, checkpoint, checkpoint_units
 from lightning_bandlimit.memory.controller import OOM
 from lightning_bandlimit.memory.ladder import LadderController, LadderDecision, Setting
 from lightning_bandlimit.memory.probes import MemoryProbe, ProbeUnavailable, auto_probe
@@ -200,6 +200,8 @@ class AdaptiveBandLimit(BandLimit):
         self.rung = 0
         self._stages: CheckpointStages | None = None
         self._profile: UnitProfile | None = None
+        self._measured_profile = True  # False: the profile runs with every unit checkpointed
+        self._saved_stages: list[list[str]] | None = None  # from a checkpoint, until applied
         self._meter: SavedTensorMeter | None = None
         self._job_peak: int | None = None
         self._device: torch.device | None = None
@@ -249,6 +251,21 @@ class AdaptiveBandLimit(BandLimit):
                 "checkpoint_units=[...])"
             )
 
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        saved, self._saved_stages = self._saved_stages, None
+        if self._stages is None or self._stages.stages is not None or not saved:
+            return
+        if sorted(n for stage in saved for n in stage) != sorted(self._stages.units):
+            rank_zero_info(
+                "AdaptiveBandLimit: the checkpoint's stages name other units; measuring them again"
+            )
+            self.controller.set_rungs(0)
+            return
+        self._stages.set_stages(saved)  # resumed: no profiling step, the saved rung from the first step
+        self.rung = min(self.rung, self.controller.top)
+        self._stages.apply(self.rung)
+
     def _is_check_step(self, step: int) -> bool:
         return step % self.check_every_n_steps == 0 and step != self._last_check
 
@@ -259,6 +276,7 @@ class AdaptiveBandLimit(BandLimit):
         self._step_started = time.perf_counter()
         if self._stages is not None and self._stages.stages is None:
             # The first step runs every unit plainly and measures them: stages and bytes freed.
+            self._step_started = None  # a profiling step's time is not a rung's
             self._profile = self._stages.profile(exclude=pl_module.parameters()).__enter__()
             return
         # global_step counts optimizer steps: this batch ends at global_step + 1.
@@ -278,7 +296,8 @@ class AdaptiveBandLimit(BandLimit):
     def _stop_meters(self) -> None:
         if self._profile is not None:
             self._profile.__exit__(None, None, None)
-            self._job_peak = self._profile.meter.bytes
+            if self._measured_profile:
+                self._job_peak = self._profile.meter.bytes
             self._finish_profile(self._profile)
             self._profile = None
         if self._meter is not None:
@@ -289,12 +308,18 @@ class AdaptiveBandLimit(BandLimit):
         assert self._stages is not None
         stages = profile.stages()
         self._stages.set_stages(stages)
-        self.controller.set_stage_savings(profile.savings())
-        self.rung = min(self.rung, len(stages))  # a resumed run's rung comes back after this step
+        if self._measured_profile:
+            savings = profile.savings()
+            self.controller.set_stage_savings(savings)
+            freed = f"bytes each frees: {[f'{s / 2**20:.1f} MiB' for s in savings]}"
+        else:  # measured with every unit checkpointed, after an out-of-memory error: on the top rung
+            self.controller.set_rungs(len(stages))
+            self.rung = len(stages)
+            self._stages.apply(self.rung)
+            freed = "bytes each frees: unknown (measured checkpointed, after an out-of-memory error)"
         rank_zero_info(
             f"AdaptiveBandLimit: {len(stages)} checkpointing rungs over {sum(map(len, stages))} units "
-            f"(stages, highest resolution first: {stages}); bytes each frees: "
-            f"{[f'{s / 2**20:.1f} MiB' for s in profile.savings()]}"
+            f"(stages, highest resolution first: {stages}); {freed}"
         )
 
     @override
@@ -351,19 +376,17 @@ class AdaptiveBandLimit(BandLimit):
         )
 
     def _agree(self, trainer: pl.Trainer, setting: Setting) -> Setting:
-        """The most conservative setting any rank asks for, and the lowest top rung any rank has."""
+        """The lowest top rung any rank has, then the most conservative setting any rank asks for."""
         if trainer.world_size == 1:
             return setting
-        floor = self.controller.min_compression
-        position = setting.rung + (setting.compression - floor)  # monotone along the ladder
-        agreed = trainer.strategy.reduce(
-            torch.tensor([position, -self.controller.top], dtype=torch.float64, device=self._device),
-            reduce_op="max",
+        strategy = trainer.strategy
+        top = strategy.reduce(
+            torch.tensor(-self.controller.top, dtype=torch.float64, device=self._device), "max"
         )
-        self.controller.top = top = int(round(-float(agreed[1])))
-        position = float(agreed[0])
-        rung = min(int(position + 1e-9), top)
-        return Setting(rung, self.controller.clamp(floor + max(0.0, position - rung)))
+        self.controller.top = int(round(-float(top)))
+        position = self.controller.position(setting)
+        agreed = strategy.reduce(torch.tensor(position, dtype=torch.float64, device=self._device), "max")
+        return self.controller.at(float(agreed))
 
     def _apply(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: LadderDecision, peak: int | None
@@ -426,9 +449,26 @@ class AdaptiveBandLimit(BandLimit):
                     raise
                 failed = True  # recover outside the except: its traceback pins tensors
             if failed:
+                profiling = self._profile is not None
+                if profiling:  # the profile is incomplete: measure the units again, checkpointed
+                    self._profile.__exit__(None, None, None)
+                    self._profile = None
                 self._stop_meters()
+                self._job_peak = None  # the failed attempt's, not the retry's
                 _free_memory(self._device)
                 previous = self.setting
+                if profiling:
+                    assert self._stages is not None
+                    self._measured_profile = False
+                    for unit in self._stages.units.values():
+                        checkpoint(unit)
+                    self._profile = UnitProfile(list(self._stages.units.items())).__enter__()
+                    rank_zero_warn(
+                        f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step} "
+                        "(the first, which measures the units); retrying the batch once with every unit "
+                        "checkpointed"
+                    )
+                    return original(*args, **kwargs)
                 retry = self.controller.on_oom(previous)
                 self.compression, self.rung = retry.compression, retry.rung
                 if self._stages is not None and self._stages.stages is not None:
@@ -471,13 +511,23 @@ class AdaptiveBandLimit(BandLimit):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "rung": self.rung, "controller": self.controller.state_dict()}
+        stages = self._stages.stages if self._stages is not None else None
+        return {
+            **super().state_dict(),
+            "rung": self.rung,
+            "stages": stages,
+            "controller": self.controller.state_dict(),
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
+        controller = dict(state_dict.get("controller", {}))
+        if "checkpoint" not in self.levers:
+            controller["rungs"], state_dict = 0, {**state_dict, "rung": 0, "stages": None}
         self.rung = int(state_dict.get("rung", 0))
-        self.controller.load_state_dict(state_dict.get("controller", {}))
+        self._saved_stages = state_dict.get("stages")
+        self.controller.load_state_dict(controller)
 
 
 def _check_levers(levers: Sequence[str]) -> tuple[str, ...]:

@@ -5,7 +5,11 @@ A job's memory levers form a ladder of settings, least lossy first:
 * **exact rungs** ``0 .. rungs`` at the floor compression: rung 0 checkpoints nothing, rung
   ``r`` checkpoints the model's first ``r`` stages (highest resolution first). Gradients are
   exact on every rung; each costs a measured amount of step time (the recompute).
-* **the compression continuum** above the floor, on the top rung (lossy).
+* **the compression continuum** above the floor (lossy), on rung 0. A checkpointed block keeps
+  its input at full size while a memory-lean band-limited block keeps only the kept spectrum,
+  so above the floor checkpointing stops paying (measured on the quickstart model, resident
+  step memory: all blocks checkpointed at compression 0.5 kept more than none at 0.5); the
+  continuum starts where a compression on rung 0 is predicted to need less than the top rung.
 
 The controller is plain Python (no Lightning, no torch), fed one
 :class:`~lightning_bandlimit.memory.probes.MemoryReading` per check and the job's peak memory
@@ -17,13 +21,15 @@ at the setting it ran with, with the same thresholds, hysteresis and cooldown as
   rung's memory is predicted from what the job measured on it, else from the nearest measured
   rung and the bytes each stage frees (:meth:`LadderController.set_stage_savings`, measured
   once by the callback). A rung that cannot be predicted is passed over for the top rung at
-  once: exact, and the most any rung frees. Compression is raised only from the top rung, as
-  far as its learned memory-versus-compression model predicts (else by ``raise_step``).
+  once: exact, and the most any rung frees. Beyond the top rung the least compression its
+  learned memory-versus-compression model predicts to fit; with no model yet,
+  ``max_compression`` (the most the continuum frees), given back at the next release as far
+  as the model then learned allows.
 * **Hold** between ``min_free`` and ``release_free``.
-* **Release** (``release_checks`` calm checks and a cooldown): the lossy part first, to the
-  least compression predicted to keep ``release_free`` free (else by ``lower_step``), then the
-  exact rungs, to the lowest rung predicted to keep it free (else one rung), so a job with no
-  pressure runs at plain speed.
+* **Release** (``release_checks`` calm checks and a cooldown): the lossy part first (to the
+  fastest exact rung predicted to keep ``release_free`` free, else to the least compression
+  predicted to, else by ``lower_step``), then the exact rungs, to the lowest rung predicted to
+  keep it free (else one rung), so a job with no pressure runs at plain speed.
 
 ``max_slowdown`` caps the time cost: a rung whose measured step time exceeds it (relative to
 rung 0) and every rung above it leave the ladder; the continuum then starts below them.
@@ -164,22 +170,33 @@ class LadderController:
         """
         if any(s < 0 for s in savings):
             raise ValueError(f"stage savings must be non-negative bytes, got {savings}")
-        if len(savings) != self.rungs:
-            self.rungs = self.top = len(savings)
+        self.set_rungs(len(savings))
+        self.stage_savings = [float(s) for s in savings]
+
+    def set_rungs(self, rungs: int) -> None:
+        """The number of stages, when what each frees is unknown (e.g. measured with all of them
+        checkpointed after an out-of-memory error); resets what was learned per rung if it changed.
+
+        Raises:
+            ValueError: for a negative number.
+        """
+        check_int("rungs", rungs, minimum=0)
+        if rungs != self.rungs:
+            self.rungs = self.top = rungs
             self.rung_memory = MemoryModel(resolution=1.0)
             self.rung_seconds = {}
-        self.stage_savings = [float(s) for s in savings]
+            self.stage_savings = None
 
     def observe(self, setting: Setting, peak_bytes: float) -> None:
         """The job's peak memory measured at ``setting``."""
         if setting.compression <= self.min_compression:
             self.rung_memory.observe(setting.rung, peak_bytes)
-        if setting.rung == self.top:
+        if setting.rung == 0:
             self.compression_memory.observe(setting.compression, peak_bytes)
 
     def observe_time(self, rung: int, seconds: float) -> str | None:
-        """A step's time on ``rung``; returns a message when the rung leaves the ladder for being
-        slower than ``max_slowdown``."""
+        """A step's time on ``rung`` at the floor compression; returns a message when the rung
+        leaves the ladder for being slower than ``max_slowdown``."""
         old = self.rung_seconds.get(rung)
         self.rung_seconds[rung] = seconds if old is None else old + 0.3 * (seconds - old)
         slowdown = self.slowdown(rung)
@@ -187,7 +204,6 @@ class LadderController:
             return None
         if slowdown > self.max_slowdown:
             self.top = rung - 1
-            self.compression_memory = MemoryModel()  # learned on the old top rung
             return (
                 f"rung {rung} costs {slowdown:.2f}x rung 0's step time (max_slowdown {self.max_slowdown}); "
                 f"the ladder's top rung is now {self.top}"
@@ -218,9 +234,20 @@ class LadderController:
         """Predicted peak at ``setting``; ``None`` if unknown."""
         if setting.compression <= self.min_compression:
             return self.predict_rung(setting.rung)
-        if setting.rung != self.top:
-            return None
-        return self.compression_memory.predict(setting.compression)
+        return self.compression_memory.predict(setting.compression) if setting.rung == 0 else None
+
+    def position(self, setting: Setting) -> float:
+        """Where ``setting`` stands on the ladder: the rung for exact settings, then ``top`` plus
+        the compression above the floor (monotone in lossiness; what ranks agree on)."""
+        if setting.compression <= self.min_compression:
+            return float(setting.rung)
+        return self.top + setting.compression - self.min_compression
+
+    def at(self, position: float) -> Setting:
+        """The setting at ``position`` (inverse of :meth:`position`)."""
+        if position <= self.top:
+            return Setting(int(round(position)), self.min_compression)
+        return Setting(0, self.clamp(self.min_compression + position - self.top))
 
     # -- decisions -------------------------------------------------------------------------
 
@@ -259,51 +286,75 @@ class LadderController:
 
     def _raise(self, current: Setting, deficit: float) -> Setting:
         now = self.predict(current)
-        if current.compression <= self.min_compression and current.rung < self.top:
+        exact = current.compression <= self.min_compression
+        if exact and current.rung < self.top:
             for rung in range(current.rung + 1, self.top + 1):
                 then = self.predict_rung(rung)
                 if then is None:  # unknown: the whole exact lever at once
                     return Setting(self.top, self.min_compression)
                 if now is not None and now - then >= deficit:
                     return Setting(rung, self.min_compression)
-            if now is None:
-                return Setting(self.top, self.min_compression)
-            deficit -= now - self.predict_rung(self.top)  # type: ignore[operator]
-            current, now = Setting(self.top, self.min_compression), self.predict_rung(self.top)
-        rung = min(current.rung, self.top)
-        start = current.compression if current.rung <= self.top else self.min_compression
-        target = self._least_compression(start, now, deficit)
-        if target is None or target <= start:
-            target = start + self.raise_step
-        return Setting(rung, self.clamp(max(target, start)))
+        if (
+            exact
+            and current.rung < self.top
+            and (now is None or self.max_compression <= self.min_compression)
+        ):
+            return Setting(self.top, self.min_compression)  # unknown, or no lossy lever: all exact ones
+        fitting = None if now is None else self._least_compression(now - deficit, above=current.compression)
+        if fitting is not None:
+            return Setting(0, fitting)
+        if self.max_compression <= self.min_compression:  # no lossy lever: the top rung is all there is
+            return Setting(self.top, self.min_compression)
+        if exact and self.top > 0:  # past the exact rungs, with nothing known of the continuum
+            return Setting(0, self.max_compression)
+        return Setting(0, self.clamp(current.compression + self.raise_step))
 
-    def _least_compression(self, start: float, now: float | None, must_free: float) -> float | None:
-        """Least compression on the top rung predicted to use ``must_free`` less than ``now``."""
-        now = self.compression_memory.predict(start) if now is None else now
-        if now is None:
-            return None
+    def _least_compression(self, needs: float, above: float) -> float | None:
+        """Least compression above ``above`` (on rung 0) predicted to need at most ``needs``."""
         steps = int(round((self.max_compression - self.min_compression) / _GRID))
-        for i in range(steps + 1):
-            c = self.min_compression + i * _GRID
+        for i in range(1, steps + 1):
+            c = self.clamp(self.min_compression + i * _GRID)
+            if c <= above:
+                continue
             predicted = self.compression_memory.predict(c)
-            if predicted is not None and now - predicted >= must_free:
-                return self.clamp(c)
+            if predicted is not None and predicted <= needs:
+                return c
         return None
 
     def _release(self, current: Setting, spare: float) -> Setting:
-        floor = max(self.min_compression, self.oom_floor)
-        if current.compression > floor:
-            fitting = self._least_compression(current.compression, None, -spare)
-            target = max(current.compression - self.lower_step if fitting is None else fitting, floor)
-            return Setting(current.rung, self.clamp(min(target, current.compression)))
-        if current.rung == 0 or current.compression > self.min_compression:
-            return current
         now = self.predict(current)
+        floor = max(self.min_compression, self.oom_floor)
+        if current.compression > self.min_compression:
+            if now is not None and self.oom_floor <= self.min_compression:
+                for rung in range(self.top + 1):  # fastest exact rung first
+                    then = self.predict_rung(rung)
+                    if then is not None and then <= now + spare:
+                        return Setting(rung, self.min_compression)
+            if current.compression <= floor:
+                return current
+            fitting = None
+            if now is not None:  # least compression whose extra memory fits the spare
+                fitting = next(
+                    (
+                        c
+                        for c in self._grid(floor, current.compression)
+                        if (p := self.compression_memory.predict(c)) is not None and p <= now + spare
+                    ),
+                    None,
+                )
+            target = max(current.compression - self.lower_step if fitting is None else fitting, floor)
+            return Setting(0, self.clamp(min(target, current.compression)))
+        if current.rung == 0:
+            return current
         for rung in range(current.rung):  # fastest first
             then = self.predict_rung(rung)
             if now is not None and then is not None and then - now <= spare:
                 return Setting(rung, current.compression)
         return Setting(current.rung - 1, current.compression)
+
+    def _grid(self, low: float, high: float) -> list[float]:
+        steps = int(round((high - low) / _GRID))
+        return [self.clamp(low + i * _GRID) for i in range(steps + 1)]
 
     def notify_change(self) -> None:
         """Restart the cooldown after a change this controller did not decide (another rank's,
@@ -316,11 +367,15 @@ class LadderController:
         """The setting to retry an out-of-memory step with: the top rung if below it, else more
         compression (which releases never go below again)."""
         self.notify_change()
-        if current.rung < self.top and current.compression <= self.min_compression:
+        exact = current.compression <= self.min_compression
+        if exact and current.rung < self.top:
             return Setting(self.top, current.compression)
-        retry = self.clamp(current.compression + self.raise_step)
+        if self.max_compression <= self.min_compression:
+            return Setting(self.top, current.compression)
+        retry = self.max_compression if exact and current.rung > 0 else current.compression + self.raise_step
+        retry = self.clamp(retry)
         self.oom_floor = max(self.oom_floor, retry)
-        return Setting(min(current.rung, self.top), retry)
+        return Setting(0, retry)
 
     def _change(
         self, target: Setting, current: Setting, reason: str, free: int, threshold: int
@@ -346,16 +401,21 @@ class LadderController:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict`; a ladder saved with another number of rungs keeps only
-        what does not depend on them (the compression model, the out-of-memory floor)."""
-        same_rungs = int(state.get("rungs", self.rungs)) == self.rungs
-        self.compression_memory.load_state_dict(state.get("compression_memory", {}))
+        """Restore a :meth:`state_dict` (or a :class:`CompressionController`'s). Before the stages
+        are known (:meth:`set_stage_savings` not called yet) the saved number of rungs is taken;
+        a ladder with another number keeps only what does not depend on them (the compression
+        model, the out-of-memory floor)."""
+        saved_rungs = int(state.get("rungs", self.rungs))
+        if saved_rungs != self.rungs and self.rungs == 0 and self.stage_savings is None:
+            self.rungs = self.top = saved_rungs  # stages not measured yet: the saved ones
+        # a CompressionController's state keeps its model under "model"
+        self.compression_memory.load_state_dict(state.get("compression_memory", state.get("model", {})))
         self.oom_floor = float(state.get("oom_floor", self.min_compression))
         self._calm = int(state.get("calm", 0))
         self._since_change = int(state.get("since_change", self.cooldown_checks))
         expected = state.get("expected_free")
         self._expected_free = None if expected is None else float(expected)
-        if not same_rungs:
+        if saved_rungs != self.rungs:
             return
         self.top = min(int(state.get("top", self.rungs)), self.rungs)
         self.rung_memory.load_state_dict(state.get("rung_memory", {}))
