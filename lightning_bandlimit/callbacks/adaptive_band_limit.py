@@ -64,7 +64,10 @@ class AdaptiveBandLimit(BandLimit):
        between optimizer steps, in place (``state_dict`` keys unchanged), in the non-reentrant
        mode (DDP-safe), with BatchNorm running statistics updated once per step.
     2. **Compression** (``"compression"`` lever; lossy): the band-limited layers' compression,
-       raised above ``min_compression`` only from the top rung.
+       raised above ``min_compression`` only when the top rung does not suffice, and then with
+       no unit checkpointed: a checkpointed block keeps its input at full size while a
+       memory-lean band-limited block keeps only its kept spectrum, so above the floor
+       checkpointing stops paying (see :mod:`lightning_bandlimit.memory.ladder`).
 
     Under pressure (free memory below ``min_free``) it jumps at once to the least lossy point
     predicted to fit; when free memory stays above ``release_free`` it gives back the lossy
@@ -102,7 +105,8 @@ class AdaptiveBandLimit(BandLimit):
 
     **Out-of-memory backstop** (``oom_backstop=True``, single-process runs): an out-of-memory
     error raised inside ``training_step`` (the forward pass) moves to the top rung (or, there,
-    raises the compression) and retries that batch once. It cannot catch an OOM in
+    to the compression continuum) and retries that batch once; in the first step, which
+    measures the units, it retries with every unit checkpointed. It cannot catch an OOM in
     ``backward``, the optimizer step, data loading or another process; a second OOM on the same
     batch propagates. Under DDP it is off, since one rank retrying alone would desynchronise
     the collectives.

@@ -9,6 +9,7 @@ Example:
 from lightning_bandlimit.memory.budget import SharedBudgetProbe
 from lightning_bandlimit.memory.controller import CompressionController, Decision, MemoryModel
 from lightning_bandlimit.memory.cotenant import CoTenant, RampTrace
+from lightning_bandlimit.memory.ladder import LadderController, LadderDecision, Setting
 from lightning_bandlimit.memory.probes import (
     CudaProbe,
     HostMemoryProbe,
@@ -26,6 +27,8 @@ __all__ = [
     "CudaProbe",
     "Decision",
     "HostMemoryProbe",
+    "LadderController",
+    "LadderDecision",
     "MemoryProbe",
     "MemoryModel",
     "MemoryReading",
@@ -33,6 +36,7 @@ __all__ = [
     "ProbeUnavailable",
     "RampTrace",
     "ScriptedProbe",
+    "Setting",
     "SharedBudgetProbe",
     "auto_probe",
 ]

@@ -149,7 +149,7 @@ class LadderController:
         self.min_free, self.release_free, self.max_slowdown = min_free, release_free, max_slowdown
         self.top = self.rungs  # the highest rung still on the ladder (max_slowdown may lower it)
         self.rung_memory = MemoryModel(resolution=1.0)  # peak per rung, at the floor compression
-        self.compression_memory = MemoryModel()  # peak per compression, on the top rung
+        self.compression_memory = MemoryModel()  # peak per compression, on rung 0
         self.rung_seconds: dict[int, float] = {}  # step time per rung (moving average)
         self.stage_savings: list[float] | None = None  # bytes each stage frees when checkpointed
         self.oom_floor = self.min_compression

@@ -1,0 +1,128 @@
+"""Resident step memory on every point of the ladder: checkpointed stages x compression.
+
+The quickstart model (CIFAR ResNet-18 width 8, memory-lean band-limited layers, batch 256,
+SGD with momentum) trained on one synthetic batch; for each compression and each rung (the
+first ``r`` stages checkpointed, as ``AdaptiveBandLimit`` does) the growth of the resident set
+within a training step (peak minus the step's start, ``/proc``; the minimum of the last
+``--repeats - 1`` steps) and the bytes saved for backward (deterministic). Also the plain
+``nn.Conv2d`` model, with no unit and with every unit checkpointed, as the baseline a user
+would otherwise run. The process re-runs itself with ``MALLOC_MMAP_THRESHOLD_=131072`` (as the
+multi-tenant jobs do) so that freed tensors leave the resident set.
+
+Run: ``PYTHONPATH=. python benchmarks/ladder_memory.py`` (about 2 minutes on 2 CPU cores);
+writes ``benchmarks/results/ladder_memory.json`` and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lightning_bandlimit.checkpointing import CheckpointStages, checkpoint_units
+from lightning_bandlimit.memory.process import peak_resident_bytes, reset_peak_resident, resident_bytes
+from lightning_bandlimit.models import cifar_resnet18
+from lightning_bandlimit.saved_tensors import SavedTensorMeter
+from lightning_bandlimit.surgery import bandlimit, set_compression
+from lightning_bandlimit.utils.files import atomic_write_json
+from lightning_bandlimit.utils.versions import library_versions
+
+MIB = 2**20
+ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--width", type=int, default=8)
+    parser.add_argument("--compressions", type=float, nargs="+", default=[0.0, 0.5, 0.75, 0.9])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--output", type=Path, default=Path(__file__).parent / "results" / "ladder_memory.json"
+    )
+    args = parser.parse_args()
+    if any(os.environ.get(k) != v for k, v in ENV.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ENV})
+
+    torch.manual_seed(0)
+    x, y = torch.rand(args.batch, 3, 32, 32), torch.randint(0, 10, (args.batch,))
+
+    def measure(model: nn.Module, stages: CheckpointStages, rung: int) -> dict[str, float]:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        stages.apply(rung)
+        growth = []
+        for _ in range(args.repeats):
+            reset_peak_resident()
+            start = resident_bytes()
+            with SavedTensorMeter(exclude=model.parameters()) as meter:
+                loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            growth.append((peak_resident_bytes() - start) / MIB)
+        return {"step_growth_mib": min(growth[1:] or growth), "saved_mib": meter.bytes / MIB}
+
+    def staged(model: nn.Module) -> CheckpointStages:
+        stages = CheckpointStages(checkpoint_units(model))
+        with stages.profile(exclude=model.parameters()) as profile:
+            model(x[:2])
+        stages.set_stages(profile.stages())
+        return stages
+
+    rows = []
+    plain = cifar_resnet18(width=args.width).train()
+    plain_stages = staged(plain)
+    rungs = len(plain_stages.stages or [])
+    for rung in (0, rungs):
+        rows.append(
+            {
+                "model": "plain nn.Conv2d",
+                "compression": None,
+                "rung": rung,
+                **measure(plain, plain_stages, rung),
+            }
+        )
+    lean = cifar_resnet18(width=args.width).train()
+    bandlimit(lean, 0.0)
+    lean_stages = staged(lean)
+    for c in args.compressions:
+        set_compression(lean, c)
+        for rung in range(rungs + 1):
+            rows.append(
+                {"model": "band-limited", "compression": c, "rung": rung, **measure(lean, lean_stages, rung)}
+            )
+
+    print(f"resident step growth MiB (saved for backward MiB), batch {args.batch}, width {args.width}")
+    print(f"{'model':<16} {'compression':>11} " + " ".join(f"{f'rung {r}':>15}" for r in range(rungs + 1)))
+    for model, c in [("plain nn.Conv2d", None), *(("band-limited", c) for c in args.compressions)]:
+        cells = {r["rung"]: r for r in rows if r["model"] == model and r["compression"] == c}
+        texts = [
+            f"{cells[r]['step_growth_mib']:.0f} ({cells[r]['saved_mib']:.0f})" if r in cells else "-"
+            for r in range(rungs + 1)
+        ]
+        line = " ".join(f"{text:>15}" for text in texts)
+        print(f"{model:<16} {'-' if c is None else c:>11} {line}")
+    atomic_write_json(
+        args.output,
+        {
+            "command": "PYTHONPATH=. python benchmarks/ladder_memory.py " + " ".join(sys.argv[1:]),
+            "batch": args.batch,
+            "width": args.width,
+            "stages": plain_stages.stages,
+            "rows": rows,
+            "env": ENV,
+            "threads": torch.get_num_threads(),
+            "versions": library_versions(),
+        },
+    )
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
