@@ -411,6 +411,43 @@ def test_checkpoint_stages_apply() -> None:
         stages.set_stages([["3"], ["not-a-unit"]])
 
 
+def test_unit_profile_of_checkpointed_units_finds_the_same_stages() -> None:
+    # After an out-of-memory error in the first step the callback retries it with every unit
+    # checkpointed and profiles shapes only: the stages must be those of a plain profile.
+    model = cifar_resnet18(width=4).train()
+    plain = _profile(model, n=4)
+    _checkpoint_all(model)
+    x = torch.rand(4, 3, 32, 32)
+    with UnitProfile(checkpoint_units(model)) as profile:
+        out = model(x)
+        out.sum().backward()  # the recompute runs inside the profile too
+    assert profile.order == plain.order == BLOCKS
+    assert profile.stages() == plain.stages() == [["3", "4"], ["5", "6"], ["7", "8"], ["9", "10"]]
+    assert all(is_checkpointed(model.get_submodule(n)) for n in BLOCKS)  # the profile changes nothing
+    # what it saw saved for backward is not the plain model's (so not rung 0's peak)
+    assert profile.meter.bytes < plain.meter.bytes
+
+
+def test_checkpoint_stages_from_saved_names_without_a_profile() -> None:
+    # A resumed run restores the stages its checkpoint names instead of profiling a step.
+    model = cifar_resnet18(width=4).train()
+    measured = CheckpointStages(checkpoint_units(model))
+    with measured.profile(exclude=model.parameters()) as profile:
+        model(torch.rand(2, 3, 32, 32))
+    measured.set_stages(profile.stages())
+    saved = [list(stage) for stage in measured.stages]  # as a checkpoint keeps them
+    measured.release()
+    resumed_model = copy.deepcopy(model).double()
+    plain = copy.deepcopy(resumed_model)
+    resumed = CheckpointStages(checkpoint_units(resumed_model))
+    resumed.set_stages(saved)
+    resumed.apply(3)
+    assert resumed.stages == saved and resumed.rung == 3
+    assert resumed.checkpointed() == BLOCKS[:6]
+    x, y = _batch(dtype=torch.float64)
+    _assert_same_step(_step(plain, x, y), _step(resumed_model, x, y))  # exact on the restored rung
+
+
 def test_checkpoint_stages_profile_unchecks_every_unit() -> None:
     model = cifar_resnet18(width=4).train()
     stages = CheckpointStages(checkpoint_units(model))

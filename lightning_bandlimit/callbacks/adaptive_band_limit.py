@@ -17,7 +17,7 @@ from lightning_bandlimit.callbacks.band_limit import BandLimit
 from lightning_bandlimit.checkpointing import CheckpointStages, UnitProfile, checkpoint, checkpoint_units
 from lightning_bandlimit.memory.controller import OOM
 from lightning_bandlimit.memory.ladder import LadderController, LadderDecision, Setting
-from lightning_bandlimit.memory.probes import MemoryProbe, ProbeUnavailable, auto_probe
+from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable, auto_probe
 from lightning_bandlimit.memory.process import release_cached_memory
 from lightning_bandlimit.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.surgery import Patterns, normalize_patterns
@@ -205,6 +205,7 @@ class AdaptiveBandLimit(BandLimit):
         self._stages: CheckpointStages | None = None
         self._profile: UnitProfile | None = None
         self._measured_profile = True  # False: the profile runs with every unit checkpointed
+        self._oom_while_profiling: int | None = None  # the step whose profile ran out of memory
         self._saved_stages: list[list[str]] | None = None  # from a checkpoint, until applied
         self._meter: SavedTensorMeter | None = None
         self._job_peak: int | None = None
@@ -258,7 +259,11 @@ class AdaptiveBandLimit(BandLimit):
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         saved, self._saved_stages = self._saved_stages, None
-        if self._stages is None or self._stages.stages is not None or not saved:
+        if self._stages is None:  # no units (or no checkpoint lever): a saved ladder does not apply
+            self.controller.set_rungs(0)
+            self.rung = 0
+            return
+        if self._stages.stages is not None or not saved:
             return
         if sorted(n for stage in saved for n in stage) != sorted(self._stages.units):
             rank_zero_info(
@@ -315,11 +320,15 @@ class AdaptiveBandLimit(BandLimit):
         if self._measured_profile:
             savings = profile.savings()
             self.controller.set_stage_savings(savings)
+            self.rung = min(self.rung, len(stages))
             freed = f"bytes each frees: {[f'{s / 2**20:.1f} MiB' for s in savings]}"
         else:  # measured with every unit checkpointed, after an out-of-memory error: on the top rung
             self.controller.set_rungs(len(stages))
             self.rung = len(stages)
             self._stages.apply(self.rung)
+            if self._oom_while_profiling is not None:
+                self._record_oom(self._oom_while_profiling, units=self._units_at(self.rung))
+                self._oom_while_profiling = None
             freed = "bytes each frees: unknown (measured checkpointed, after an out-of-memory error)"
         rank_zero_info(
             f"AdaptiveBandLimit: {len(stages)} checkpointing rungs over {sum(map(len, stages))} units "
@@ -363,34 +372,28 @@ class AdaptiveBandLimit(BandLimit):
             peak = torch.cuda.max_memory_allocated(self._device)
         else:
             peak = self._job_peak
+        if trainer.world_size > 1:
+            reading, peak = self._agree(trainer, reading, peak)
         ran = Setting(self._stages.rung if self._stages is not None else 0, self.compression)
         if peak:
             self.controller.observe(ran, float(peak))
-        decision = self.controller.decide(reading, self.setting)
-        agreed = self._agree(trainer, decision.setting)
-        if agreed != decision.setting:
-            self.controller.notify_change()  # another rank asked for more
-        self._apply(
-            trainer,
-            pl_module,
-            LadderDecision(
-                agreed.rung, agreed.compression, decision.reason, decision.free, decision.threshold
-            ),
-            peak,
-        )
+        self._apply(trainer, pl_module, self.controller.decide(reading, self.setting), peak)
 
-    def _agree(self, trainer: pl.Trainer, setting: Setting) -> Setting:
-        """The lowest top rung any rank has, then the most conservative setting any rank asks for."""
-        if trainer.world_size == 1:
-            return setting
-        strategy = trainer.strategy
-        top = strategy.reduce(
-            torch.tensor(-self.controller.top, dtype=torch.float64, device=self._device), "max"
+    def _agree(
+        self, trainer: pl.Trainer, reading: MemoryReading, peak: int | None
+    ) -> tuple[MemoryReading, int | None]:
+        """What every rank decides from: the least free memory and total, the largest peak and the
+        lowest top rung of any rank. Fed the same, the ranks' controllers take the same decision."""
+        mine = [-reading.free, -reading.total, float(peak or 0), -self.controller.top]
+        agreed = trainer.strategy.reduce(
+            torch.tensor(mine, dtype=torch.float64, device=self._device), reduce_op="max"
+        ).tolist()
+        self.controller.top = int(round(-agreed[3]))
+        total = int(round(-agreed[1]))
+        agreed_reading = MemoryReading(
+            total=total, free=min(int(round(-agreed[0])), total), source=reading.source
         )
-        self.controller.top = int(round(-float(top)))
-        position = self.controller.position(setting)
-        agreed = strategy.reduce(torch.tensor(position, dtype=torch.float64, device=self._device), "max")
-        return self.controller.at(float(agreed))
+        return agreed_reading, int(agreed[2]) or None
 
     def _apply(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: LadderDecision, peak: int | None
@@ -472,6 +475,7 @@ class AdaptiveBandLimit(BandLimit):
                         "(the first, which measures the units); retrying the batch once with every unit "
                         "checkpointed"
                     )
+                    self._oom_while_profiling = trainer.global_step  # kept once the retry measured the stages
                     return original(*args, **kwargs)
                 retry = self.controller.on_oom(previous)
                 self.compression, self.rung = retry.compression, retry.rung
@@ -482,22 +486,25 @@ class AdaptiveBandLimit(BandLimit):
                     f"retrying the batch once at rung {self.rung}, compression {self.compression:.3f} "
                     f"(was rung {previous.rung}, compression {previous.compression:.3f})"
                 )
-                self.decisions.append(
-                    {
-                        "step": trainer.global_step,
-                        "rung": self.rung,
-                        "checkpointed_units": self._units_at(self.rung),
-                        "compression": self.compression,
-                        "reason": OOM,
-                        "free_bytes": None,
-                        "job_peak_bytes": None,
-                        "slowdown": None,
-                    }
-                )
+                self._record_oom(trainer.global_step, units=self._units_at(self.rung))
             return original(*args, **kwargs)
 
         pl_module.training_step = training_step  # type: ignore[method-assign]
         self._guarded = pl_module
+
+    def _record_oom(self, step: int, units: int) -> None:
+        self.decisions.append(
+            {
+                "step": step,
+                "rung": self.rung,
+                "checkpointed_units": units,
+                "compression": self.compression,
+                "reason": OOM,
+                "free_bytes": None,
+                "job_peak_bytes": None,
+                "slowdown": None,
+            }
+        )
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -236,19 +236,6 @@ class LadderController:
             return self.predict_rung(setting.rung)
         return self.compression_memory.predict(setting.compression) if setting.rung == 0 else None
 
-    def position(self, setting: Setting) -> float:
-        """Where ``setting`` stands on the ladder: the rung for exact settings, then ``top`` plus
-        the compression above the floor (monotone in lossiness; what ranks agree on)."""
-        if setting.compression <= self.min_compression:
-            return float(setting.rung)
-        return self.top + setting.compression - self.min_compression
-
-    def at(self, position: float) -> Setting:
-        """The setting at ``position`` (inverse of :meth:`position`)."""
-        if position <= self.top:
-            return Setting(int(round(position)), self.min_compression)
-        return Setting(0, self.clamp(self.min_compression + position - self.top))
-
     # -- decisions -------------------------------------------------------------------------
 
     def clamp(self, c: float) -> float:
@@ -350,6 +337,8 @@ class LadderController:
             then = self.predict_rung(rung)
             if now is not None and then is not None and then - now <= spare:
                 return Setting(rung, current.compression)
+        if now is not None and self.predict_rung(current.rung - 1) is not None:
+            return current  # predicted not to fit: hold
         return Setting(current.rung - 1, current.compression)
 
     def _grid(self, low: float, high: float) -> list[float]:

@@ -1,4 +1,6 @@
-"""Run by test_adaptive_ladder.py: 2-process CPU DDP over the ladder; only rank 1's probe sees pressure."""
+"""Run by test_adaptive_ladder.py: 2-process CPU DDP over the ladder; only rank 1's probe sees
+pressure, and rank 1 checkpoints only the first two stages (a lower top rung, as max_slowdown
+can leave one rank with), so the ranks first agree on the top rung, then on the ladder position."""
 
 import os
 
@@ -19,6 +21,8 @@ TRACES = {
     0: [80 * M] * 16,
     1: [80 * M] * 3 + [30 * M, 20_100_000] + [19_900_000] * 3 + [80 * M] * 8,
 }
+# rank 1's units: backbone.3-6, the first two of rank 0's four stages
+UNITS = {0: None, 1: ["backbone.[3-6]"]}
 STEPS = 16
 
 
@@ -35,7 +39,11 @@ class Checkpointed(pl.Callback):
 if __name__ == "__main__":
     pl.seed_everything(0)
     rank = int(os.environ.get("LOCAL_RANK", 0))
-    adaptive = AdaptiveBandLimit(probe=ScriptedProbe(free=TRACES[rank], total=100 * M), **SCRIPTED_ADAPTIVE)
+    adaptive = AdaptiveBandLimit(
+        probe=ScriptedProbe(free=TRACES[rank], total=100 * M),
+        checkpoint_units=UNITS[rank],
+        **SCRIPTED_ADAPTIVE,
+    )
     spy = Checkpointed()
 
     def report(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict:
@@ -43,6 +51,8 @@ if __name__ == "__main__":
             "timeline": [(d["step"], d["rung"], d["compression"]) for d in adaptive.decisions],
             "checkpointed": spy.seen,
             "steps": trainer.global_step,
+            "top": adaptive.controller.top,
+            "rungs": adaptive.controller.rungs,
             "layers": [(n, layer.compression) for n, layer in bandlimited_layers(pl_module)],
         }
 

@@ -78,7 +78,9 @@ def test_resume_continues_with_compression_and_learned_model(tmp_path: Path, sto
     model = ImageClassifier("small_cnn", width=4)
     _trainer(tmp_path, [resumed], max_steps=8).fit(model, _data(), ckpt_path=ckpt)
     assert resumed.compression == callback.compression > 0
-    assert set(callback.controller.compression_memory.points) <= set(resumed.controller.compression_memory.points)
+    assert set(callback.controller.compression_memory.points) <= set(
+        resumed.controller.compression_memory.points
+    )
     assert {layer.compression for _, layer in bandlimited_layers(model)} == {callback.compression}
 
 
