@@ -42,15 +42,35 @@ TINY = [
 
 
 @pytest.mark.slow
-def test_runs_the_multitenant_scenario_plain_then_memory_aware_and_attacks_both(
+def test_runs_plain_the_ladder_and_compression_only_then_attacks_two(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = main(output_dir=str(tmp_path), overrides=TINY, robustness_overrides=ATTACK)
     assert run_dir.parent == tmp_path and run_dir.name.startswith("main-")
     summary = json.loads((run_dir / "summary.json").read_text())
     variants = {r["variant"]: r for r in summary["results"]}
-    assert set(variants) == {"band-limited", "full-spectrum"}
-    banded, plain = variants["band-limited"], variants["full-spectrum"]
+    assert set(variants) == {"band-limited", "ladder", "full-spectrum"}
+    banded, plain, ladder = variants["band-limited"], variants["full-spectrum"], variants["ladder"]
+    assert [v["robustness"] for v in (banded, plain, ladder)] == [
+        True,
+        True,
+        False,
+    ]  # the ladder is not attacked
+    # the ladder starts exact (compression 0) and measured its checkpointing rungs (4 stages of
+    # blocks in the quickstart ResNet); compression-only never checkpoints
+    assert ladder["mode"] == "adaptive" and ladder["rungs"] == 4 and banded["rungs"] == 0
+    ladder_timeline = json.loads((run_dir / "ladder" / "result.json").read_text())["timeline"]
+    assert ladder_timeline[0]["compression"] == 0.0 and ladder_timeline[0]["checkpointed_units"] == 0
+    for r in ladder_timeline:  # checkpointed units only on exact rungs, compression only on rung 0
+        assert r["checkpointed_units"] == 0 or r["compression"] == 0.0, r
+        assert r["checkpointed_units"] == 2 * r["rung"] or r["compression"] > 0.0, r
+    # the printed verdict is computed from the rows
+    over = {v: variants[v]["over_budget_steps"] for v in variants}
+    assert summary["verdict"][0] == (
+        f"verdict: the plain job overdrew the budget at {over['full-spectrum']} of {plain['steps']} steps."
+    )
+    assert summary["verdict"][1].startswith(f"  ladder: {over['ladder']} over-budget steps;")
+    assert summary["verdict"][2].startswith(f"  compression-only: {over['band-limited']} over-budget steps;")
     assert (
         plain["mode"] == "plain" and plain["final_compression"] == 0.0 and plain["compression_changes"] == 0
     )
@@ -83,6 +103,7 @@ def test_runs_the_multitenant_scenario_plain_then_memory_aware_and_attacks_both(
     assert (run_dir / "timeline.png").stat().st_size > 10_000
     out = capsys.readouterr().out
     assert str(run_dir) in out and "band-limited" in out and "full-spectrum" in out and "over budget" in out
+    assert all(line in out for line in summary["verdict"])
     # ends with the robustness recipe on both checkpoints, its summary table printed
     records = json.loads((run_dir / "robustness" / "results.json").read_text())["records"]
     assert {r["model"] for r in records} == {"band-limited", "full-spectrum"}
