@@ -3,7 +3,7 @@
 Helpers that the scripts started in subprocesses need too live in ``_helpers.py`` (no pytest).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import lightning.pytorch as pl
 import pytest
@@ -42,3 +42,13 @@ def error_line(capsys: pytest.CaptureFixture[str]) -> Callable[[], str]:
         return [line for line in err.splitlines() if line.strip()][-1]
 
     return read
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Torch on one thread for the test: tiny convolutions run far slower on two threads than on
+    one when another process holds a core, and nothing compared depends on the thread count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -1,7 +1,6 @@
 """Activation checkpointing as a lever: exact gradients, BatchNorm once, fewer bytes, stages."""
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -26,14 +25,7 @@ from lightning_bandlimit.surgery import bandlimit
 BLOCKS = [str(i) for i in range(3, 11)]  # cifar_resnet18's 8 residual blocks: Sequential indices 3..10
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tiny convolutions run far slower on two threads than on one when another process holds a
-    # core; the results compared here do not depend on it.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _checkpoint_all(model: nn.Module) -> nn.Module:

@@ -15,8 +15,8 @@ from typing_extensions import override
 from lightning_bandlimit.batchnorm import Forward
 from lightning_bandlimit.callbacks.band_limit import BandLimit
 from lightning_bandlimit.checkpointing import CheckpointStages, UnitProfile, checkpoint, checkpoint_units
-from lightning_bandlimit.memory.controller import OOM
 from lightning_bandlimit.memory.ladder import LadderController, LadderDecision, Setting
+from lightning_bandlimit.memory.memory_model import OOM
 from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable, auto_probe
 from lightning_bandlimit.memory.process import release_cached_memory
 from lightning_bandlimit.saved_tensors import SavedTensorMeter

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_bandlimit.functional import check_compression
-from lightning_bandlimit.memory.controller import HOLD, LOWER, RAISE, MemoryModel
+from lightning_bandlimit.memory.memory_model import HOLD, LOWER, RAISE, MemoryModel, _bytes
 from lightning_bandlimit.memory.probes import MemoryReading
 from lightning_bandlimit.utils.validation import check_int, check_real
 
@@ -72,10 +72,6 @@ class LadderDecision:
     @property
     def setting(self) -> Setting:
         return Setting(self.rung, self.compression)
-
-
-def _bytes(threshold: float, total: int) -> int:
-    return int(threshold * total) if threshold < 1 else int(threshold)
 
 
 class LadderController:
@@ -233,7 +229,10 @@ class LadderController:
     def predict(self, setting: Setting) -> float | None:
         """Predicted peak at ``setting``; ``None`` if unknown."""
         if setting.compression <= self.min_compression:
-            return self.predict_rung(setting.rung)
+            predicted = self.predict_rung(setting.rung)
+            if predicted is None and setting.rung == 0:  # rung 0 at the floor is on the continuum too
+                predicted = self.compression_memory.predict(setting.compression)
+            return predicted
         return self.compression_memory.predict(setting.compression) if setting.rung == 0 else None
 
     # -- decisions -------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """AdaptiveBandLimit over the ladder: checkpointing rungs first, then compression on rung 0."""
 
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +36,7 @@ BLOCKS = [f"backbone.{i}" for i in range(3, 11)]
 STAGES = [BLOCKS[i : i + 2] for i in range(0, 8, 2)]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    # Tiny convolutions run far slower on two threads than on one when another process holds a
-    # core; nothing here depends on it.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _data() -> SyntheticImageDataModule:

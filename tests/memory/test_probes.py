@@ -535,6 +535,9 @@ def test_exports() -> None:
     assert set(memory.__all__) == {
         "CompressionController",
         "Decision",
+        "LadderController",
+        "LadderDecision",
+        "Setting",
         "MemoryModel",
         "CudaProbe",
         "HostMemoryProbe",
