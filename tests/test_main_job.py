@@ -198,7 +198,7 @@ def _spec(tmp_path: Path, **fields: object) -> Path:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"mode": "nope"}, "mode must be one of ['plain', 'fixed', 'adaptive'], got 'nope'"),
+        ({"mode": "nope"}, "mode must be one of ['plain', 'checkpointed', 'fixed', 'adaptive'], got 'nope'"),
         ({"colour": "red"}, "unexpected keyword argument 'colour'"),
         ({"recipe": "nope"}, "--config 'nope' is neither an existing file nor a recipe name"),
         ({"overrides": ["--trainer.callbacks.compression", "1.5"]}, "compression must be in [0, 1), got 1.5"),
