@@ -332,10 +332,11 @@ class CheckpointStages:
         self.stages: list[list[str]] | None = None
         self.rung = 0
 
-    def profile(self, exclude: Iterable[torch.Tensor] = ()) -> UnitProfile:
-        """A profile of the next forward (every unit runs un-checkpointed during it)."""
+    def profile(self, exclude: Iterable[torch.Tensor] = (), checkpointed: bool = False) -> UnitProfile:
+        """A profile of the next forward: every unit runs un-checkpointed during it, or with
+        ``checkpointed=True`` checkpointed (stages only: what a unit frees is then not seen)."""
         for module in self.units.values():
-            uncheckpoint(module)
+            (checkpoint if checkpointed else uncheckpoint)(module)
         self.rung = 0
         return UnitProfile(list(self.units.items()), exclude=exclude)
 

@@ -14,7 +14,7 @@ from typing_extensions import override
 
 from lightning_bandlimit.batchnorm import Forward
 from lightning_bandlimit.callbacks.band_limit import BandLimit
-from lightning_bandlimit.checkpointing import CheckpointStages, UnitProfile, checkpoint, checkpoint_units
+from lightning_bandlimit.checkpointing import CheckpointStages, UnitProfile, checkpoint_units
 from lightning_bandlimit.memory.ladder import LadderController, LadderDecision, Setting
 from lightning_bandlimit.memory.memory_model import OOM
 from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable, auto_probe
@@ -467,9 +467,7 @@ class AdaptiveBandLimit(BandLimit):
                 if profiling:
                     assert self._stages is not None
                     self._measured_profile = False
-                    for unit in self._stages.units.values():
-                        checkpoint(unit)
-                    self._profile = UnitProfile(list(self._stages.units.items())).__enter__()
+                    self._profile = self._stages.profile(checkpointed=True).__enter__()
                     rank_zero_warn(
                         f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step} "
                         "(the first, which measures the units); retrying the batch once with every unit "

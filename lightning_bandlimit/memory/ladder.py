@@ -38,6 +38,7 @@ With ``rungs=0`` the ladder is the compression continuum alone.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,7 +287,10 @@ class LadderController:
             and (now is None or self.max_compression <= self.min_compression)
         ):
             return Setting(self.top, self.min_compression)  # unknown, or no lossy lever: all exact ones
-        fitting = None if now is None else self._least_compression(now - deficit, above=current.compression)
+        above = [
+            c for c in self._grid(self.min_compression, self.max_compression)[1:] if c > current.compression
+        ]
+        fitting = None if now is None else self._least_compression(now - deficit, above)
         if fitting is not None:
             return Setting(0, fitting)
         if self.max_compression <= self.min_compression:  # no lossy lever: the top rung is all there is
@@ -295,17 +299,12 @@ class LadderController:
             return Setting(0, self.max_compression)
         return Setting(0, self.clamp(current.compression + self.raise_step))
 
-    def _least_compression(self, needs: float, above: float) -> float | None:
-        """Least compression above ``above`` (on rung 0) predicted to need at most ``needs``."""
-        steps = int(round((self.max_compression - self.min_compression) / _GRID))
-        for i in range(1, steps + 1):
-            c = self.clamp(self.min_compression + i * _GRID)
-            if c <= above:
-                continue
-            predicted = self.compression_memory.predict(c)
-            if predicted is not None and predicted <= needs:
-                return c
-        return None
+    def _least_compression(self, needs: float, candidates: Iterable[float]) -> float | None:
+        """The first of ``candidates`` (compressions on rung 0) predicted to need at most ``needs``."""
+        return next(
+            (c for c in candidates if (p := self.compression_memory.predict(c)) is not None and p <= needs),
+            None,
+        )
 
     def _release(self, current: Setting, spare: float) -> Setting:
         now = self.predict(current)
@@ -318,16 +317,12 @@ class LadderController:
                         return Setting(rung, self.min_compression)
             if current.compression <= floor:
                 return current
-            fitting = None
-            if now is not None:  # least compression whose extra memory fits the spare
-                fitting = next(
-                    (
-                        c
-                        for c in self._grid(floor, current.compression)
-                        if (p := self.compression_memory.predict(c)) is not None and p <= now + spare
-                    ),
-                    None,
-                )
+            # least compression whose extra memory fits the spare
+            fitting = (
+                None
+                if now is None
+                else self._least_compression(now + spare, self._grid(floor, current.compression))
+            )
             target = max(current.compression - self.lower_step if fitting is None else fitting, floor)
             return Setting(0, self.clamp(min(target, current.compression)))
         if current.rung == 0:
