@@ -35,6 +35,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_bandlimit.saved_tensors import SavedTensorMeter
+from lightning_bandlimit.spectral_checkpoint import checkpoint_from_spectrum
 from lightning_bandlimit.surgery import Patterns, normalize_patterns
 
 __all__ = [
@@ -59,12 +60,12 @@ class _Checkpointed:
         base_forward = super().forward  # type: ignore[misc]
         if not (self.training and torch.is_grad_enabled()):  # type: ignore[attr-defined]
             return base_forward(*args, **kwargs)
+        context_fn = lambda: (contextlib.nullcontext(), _running_stats_kept(self))  # type: ignore[arg-type]  # noqa: E731
+        kept_spectrum, out = checkpoint_from_spectrum(self, args, kwargs, context_fn)  # type: ignore[arg-type]
+        if kept_spectrum:
+            return out
         return torch.utils.checkpoint.checkpoint(
-            base_forward,
-            *args,
-            use_reentrant=False,
-            context_fn=lambda: (contextlib.nullcontext(), _running_stats_kept(self)),  # type: ignore[arg-type]
-            **kwargs,
+            base_forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs
         )
 
 
@@ -74,7 +75,8 @@ _SUBCLASSES: dict[type[nn.Module], type[nn.Module]] = {}
 def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
     sub = _SUBCLASSES.get(cls)
     if sub is None:
-        sub = type(f"Checkpointed{cls.__name__}", (_Checkpointed, cls), {"_base_class": cls})
+        namespace = {"_base_class": cls, "_unchecked_forward": cls.forward}
+        sub = type(f"Checkpointed{cls.__name__}", (_Checkpointed, cls), namespace)
         sub.__module__ = cls.__module__
         _SUBCLASSES[cls] = sub
     return sub

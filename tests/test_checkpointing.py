@@ -76,6 +76,8 @@ def test_gradients_are_exact_in_float64(compression: float | None) -> None:
     plain, ckpt = _step(model, x, y), _step(checkpointed, x, y)
     _assert_same_step(plain, ckpt)
     assert all(g.abs().sum() > 0 for g in ckpt["grads"].values())  # every parameter got a gradient
+    if compression is not None:
+        return  # band-limited blocks keep their kept spectrum instead: equal to round-off (above)
     # the same operations on the same values: bitwise
     assert all(torch.equal(plain["grads"][n], ckpt["grads"][n]) for n in plain["grads"])
     assert torch.equal(plain["input_grad"], ckpt["input_grad"])

@@ -233,21 +233,28 @@ def _batch_slices(plan: DFTPlan, n: int, channels: int, activation_bytes: int, i
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def _spectra(
-    x: torch.Tensor, w: torch.Tensor, taps: torch.Tensor, plan: DFTPlan
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Kept input spectrum and output spectrum of one batch slice ``x`` (compute dtype, 2-D form)."""
-    x_spec = _analyse(x, plan)
+def _output_spectrum(
+    x_spec: torch.Tensor, w: torch.Tensor, taps: torch.Tensor, plan: DFTPlan
+) -> torch.Tensor:
+    """Output spectrum ``(2, F, N, O)`` from a kept input spectrum (compute dtype, 2-D form)."""
     y_spec = x_spec.new_empty(2, x_spec.shape[1], x_spec.shape[2], w.shape[0])
     chunks = _chunks(plan, w.shape, w.element_size())
     buffer = _filter_buffer(plan, w, chunks[0][1])
     for f0, f1 in chunks:
         w_spec = _filter_chunk(plan, taps, f0, f1, buffer)
         _mix(y_spec[:, f0:f1], x_spec[:, f0:f1], w_spec, plan.geometry.groups)
-    return x_spec, y_spec
+    return y_spec
 
 
-def _spectra_backward(
+def _spectra(
+    x: torch.Tensor, w: torch.Tensor, taps: torch.Tensor, plan: DFTPlan
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kept input spectrum and output spectrum of one batch slice ``x`` (compute dtype, 2-D form)."""
+    x_spec = _analyse(x, plan)
+    return x_spec, _output_spectrum(x_spec, w, taps, plan)
+
+
+def _spectrum_backward(
     grad: torch.Tensor,
     x_spec: torch.Tensor | None,
     w: torch.Tensor,
@@ -256,7 +263,7 @@ def _spectra_backward(
     plan: DFTPlan,
     need_x: bool,
 ) -> torch.Tensor | None:
-    """Input gradient of one batch slice (if ``need_x``); adds the filter gradient to ``grad_taps``."""
+    """Gradient of the kept input spectrum (if ``need_x``); adds the filter gradient to ``grad_taps``."""
     groups = plan.geometry.groups
     g_spec = _synthesise_adjoint(grad, plan)
     chunks = _chunks(plan, w.shape, w.element_size())
@@ -270,6 +277,20 @@ def _spectra_backward(
             gw_spec = _grad_chunk(buffer, f1 - f0)
             _mix_grad_filter(gw_spec, x_spec[:, f0:f1], g_spec[:, f0:f1], groups)
             _accumulate_filter_grad(grad_taps, plan, gw_spec, f0, f1)
+    return gx_spec
+
+
+def _spectra_backward(
+    grad: torch.Tensor,
+    x_spec: torch.Tensor | None,
+    w: torch.Tensor,
+    taps: torch.Tensor,
+    grad_taps: torch.Tensor | None,
+    plan: DFTPlan,
+    need_x: bool,
+) -> torch.Tensor | None:
+    """Input gradient of one batch slice (if ``need_x``); adds the filter gradient to ``grad_taps``."""
+    gx_spec = _spectrum_backward(grad, x_spec, w, taps, grad_taps, plan, need_x)
     return None if gx_spec is None else _analyse_adjoint(gx_spec, plan, plan.geometry.in_size[0])
 
 
@@ -472,6 +493,131 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 def _symmetric(geometry: ConvGeometry) -> bool:
     return all(before == after for before, after in geometry.pads)
+
+
+# ------------------------------------------------- a convolution split at its kept input spectrum
+# ``conv_from_spectrum(analyse(x, plan), ...)`` computes what the spectral algorithm computes from
+# ``x`` (the same operations), with the kept input spectrum as a tensor between the two halves: a
+# checkpointed block keeps that instead of its input (:mod:`lightning_bandlimit.spectral_checkpoint`).
+def input_plan(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: IntOrTuple,
+    padding: IntOrTuple | str,
+    dilation: IntOrTuple,
+    groups: int,
+    padding_mode: str,
+    compression: float,
+    spatial_dims: int,
+) -> DFTPlan:
+    """The plan of the spectral algorithm for a batched ``input`` (arguments as :func:`fft_conv2d`).
+
+    Raises:
+        ValueError: as :func:`fft_conv2d`.
+    """
+    compression = check_compression(compression)
+    geometry = resolve_geometry(
+        input, weight, bias, stride, padding, dilation, groups, padding_mode, spatial_dims
+    )
+    return dft_plan(geometry, compression, _dtypes(input)[0], input.device)
+
+
+def spectrum_bytes(input: torch.Tensor, plan: DFTPlan) -> int:
+    """Bytes of ``input``'s kept spectrum under ``plan`` (what :func:`analyse` returns)."""
+    return 2 * plan.band.kept * input.shape[0] * input.shape[1] * _itemsize(plan.analysis_w.dtype)
+
+
+class _Analyse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input: torch.Tensor, plan: DFTPlan, spatial_dims: int) -> torch.Tensor:  # type: ignore[override]
+        ctx.plan, ctx.spatial_dims, ctx.dtype = plan, spatial_dims, input.dtype
+        return _analyse(_as_2d(input.to(plan.analysis_w.dtype), spatial_dims), plan)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        plan: DFTPlan = ctx.plan
+        gx = _analyse_adjoint(grad.contiguous(), plan, plan.geometry.in_size[0])
+        return (gx.squeeze(-2) if ctx.spatial_dims == 1 else gx).to(ctx.dtype), None, None
+
+
+class _SpectralConv(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        x_spec: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        plan: DFTPlan,
+        spatial_dims: int,
+        out_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        w = _as_2d(weight.to(plan.analysis_w.dtype), spatial_dims).contiguous()
+        y_spec = _output_spectrum(x_spec, w, _taps(w), plan)
+        out = _output(y_spec, plan, bias, spatial_dims, out_dtype)
+        ctx.plan, ctx.spatial_dims, ctx.has_bias = plan, spatial_dims, bias is not None
+        ctx.save_for_backward(weight, x_spec)
+        ctx.mark_non_differentiable(y_spec)
+        return out, y_spec
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor, _: torch.Tensor):  # type: ignore[override]
+        plan: DFTPlan = ctx.plan
+        weight, x_spec = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        compute = plan.analysis_w.dtype
+        w = _as_2d(weight.to(compute), ctx.spatial_dims).contiguous()
+        taps = _taps(w)
+        grad_taps = torch.zeros_like(taps) if need_w else None
+        grad = _as_2d(grad_out.to(compute), ctx.spatial_dims)
+        gx_spec = _spectrum_backward(grad, x_spec if need_w else None, w, taps, grad_taps, plan, need_x)
+        grad_b = None
+        if need_b and ctx.has_bias:
+            grad_b = grad_out.sum((0, *range(2, grad_out.dim())), dtype=compute).to(weight.dtype)
+        grad_w = grad_taps.T.reshape(weight.shape).to(weight.dtype) if grad_taps is not None else None
+        return gx_spec, grad_w, grad_b, None, None, None
+
+
+def analyse(input: torch.Tensor, plan: DFTPlan, spatial_dims: int) -> torch.Tensor:
+    """``input``'s kept spectrum under ``plan``, ``(2, F, N, C)``; differentiable, keeps nothing.
+
+    Example:
+        >>> x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+        >>> w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
+        >>> plan = input_plan(x, w, None, 1, 1, 1, 1, "zeros", 0.5, 2)
+        >>> out = conv_from_spectrum(analyse(x, plan, 2), w, None, plan, 2, x.dtype)
+        >>> torch.allclose(out, fft_conv2d(x, w, padding=1, compression=0.5, algorithm="spectral"))
+        True
+    """
+    with torch.autocast(input.device.type, enabled=False):
+        return _Analyse.apply(input, plan, spatial_dims)
+
+
+def conv_from_spectrum(
+    x_spec: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    plan: DFTPlan,
+    spatial_dims: int,
+    out_dtype: torch.dtype,
+    memory_lean: bool = True,
+) -> torch.Tensor:
+    """The band-limited convolution of the input whose kept spectrum is ``x_spec`` (see :func:`analyse`).
+
+    With ``memory_lean`` the output is offered to the next lean op as its kept spectrum, as
+    :func:`fft_conv2d` does.
+    """
+    with torch.autocast(x_spec.device.type, enabled=False):
+        out, y_spec = _SpectralConv.apply(x_spec, weight, bias, plan, spatial_dims, out_dtype)
+    if memory_lean:
+        if y_spec.nbytes < out.nbytes:
+            spectrum = Spectrum(plan, bias is not None, spatial_dims, out_dtype)
+            publish(out, spectrum, (y_spec,) if bias is None else (y_spec, bias))
+        else:
+            publish(out, Saved(), ())
+    return out
 
 
 def fft_conv2d(
