@@ -35,7 +35,11 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lightning_bandlimit.saved_tensors import SavedTensorMeter
-from lightning_bandlimit.spectral_checkpoint import checkpoint_from_spectrum
+from lightning_bandlimit.spectral_checkpoint import (
+    can_keep_spectrum,
+    checkpoint_from_spectrum,
+    spectral_fallback,
+)
 from lightning_bandlimit.surgery import Patterns, normalize_patterns
 
 __all__ = [
@@ -372,6 +376,16 @@ class CheckpointStages:
     def checkpointed(self) -> list[str]:
         """Names of the units checkpointed now."""
         return [name for name, module in self.units.items() if is_checkpointed(module)]
+
+    def keep_spectrum(self) -> bool:
+        """Whether every unit, checkpointed, keeps only its kept spectrum at a band-limiting
+        compression (:func:`~lightning_bandlimit.spectral_checkpoint.can_keep_spectrum`)."""
+        return bool(self.units) and all(can_keep_spectrum(m) for m in self.units.values())
+
+    def fallbacks(self) -> dict[str, str]:
+        """Checkpointed units whose last training forward kept their full input, and why."""
+        reasons = {name: spectral_fallback(m) for name, m in self.units.items() if is_checkpointed(m)}
+        return {name: reason for name, reason in reasons.items() if reason is not None}
 
     def release(self) -> None:
         """Every unit back to its own class (the model as it was)."""

@@ -48,7 +48,7 @@ from lightning_bandlimit.functional.fft_conv import analyse, conv_from_spectrum,
 from lightning_bandlimit.functional.lean_ops import conv_dtype
 from lightning_bandlimit.layers import BandLimitedConvNd
 
-__all__ = ["BlockPlan", "block_plan", "checkpoint_from_spectrum", "spectral_fallback"]
+__all__ = ["BlockPlan", "block_plan", "can_keep_spectrum", "checkpoint_from_spectrum", "spectral_fallback"]
 
 _ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
 _ADD_METHODS = ("add", "add_")
@@ -176,6 +176,27 @@ def block_plan(module: nn.Module) -> BlockPlan:
         plan = BlockPlan(graph) if isinstance(graph, str) else _split(module, graph)
         _PLANS[module] = plan
     return plan
+
+
+def can_keep_spectrum(module: nn.Module) -> bool:
+    """Whether ``module``, checkpointed, keeps a kept spectrum at a band-limiting compression.
+
+    True when its structure qualifies and its input is read by at least one memory-lean
+    band-limited convolution (any compression: a full band or a map too small for its spectrum
+    to be the smaller form still fall back, per forward).
+
+    Example:
+        >>> from lightning_bandlimit import bandlimit
+        >>> from lightning_bandlimit.models import cifar_resnet18
+        >>> model = cifar_resnet18(width=4)
+        >>> can_keep_spectrum(model[3]), can_keep_spectrum(bandlimit(model, 0.5)[3])
+        (False, True)
+    """
+    plan = block_plan(module)
+    readers = [module.get_submodule(str(node.target)) for node in plan.readers]
+    return plan.reason is None and any(
+        isinstance(conv, BandLimitedConvNd) and conv.memory_lean for conv in readers
+    )
 
 
 def spectral_fallback(module: nn.Module) -> str | None:

@@ -206,6 +206,7 @@ class AdaptiveBandLimit(BandLimit):
         self._profile: UnitProfile | None = None
         self._measured_profile = True  # False: the profile runs with every unit checkpointed
         self._oom_while_profiling: int | None = None  # the step whose profile ran out of memory
+        self._fallbacks_reported: set[str] = set()
         self._saved_stages: list[list[str]] | None = None  # from a checkpoint, until applied
         self._meter: SavedTensorMeter | None = None
         self._job_peak: int | None = None
@@ -330,9 +331,16 @@ class AdaptiveBandLimit(BandLimit):
                 self._record_oom(self._oom_while_profiling, units=self._units_at(self.rung))
                 self._oom_while_profiling = None
             freed = "bytes each frees: unknown (measured checkpointed, after an out-of-memory error)"
+        on_top = "compression" in self.levers and self._stages.keep_spectrum()
+        self.controller.set_continuum_on_top(on_top)
+        continuum = (
+            "the compression continuum runs on the top rung (checkpointed blocks keep their kept spectrum)"
+            if on_top
+            else "the compression continuum runs on rung 0"
+        )
         rank_zero_info(
             f"AdaptiveBandLimit: {len(stages)} checkpointing rungs over {sum(map(len, stages))} units "
-            f"(stages, highest resolution first: {stages}); {freed}"
+            f"(stages, highest resolution first: {stages}); {freed}; {continuum}"
         )
 
     @override
@@ -345,10 +353,24 @@ class AdaptiveBandLimit(BandLimit):
             if message is not None:
                 rank_zero_info(f"AdaptiveBandLimit: {message}")
         self._step_started = None
+        self._report_fallbacks()
         self._check(trainer, pl_module)
         if self._stages is not None and self._stages.stages is not None and self._stages.rung != self.rung:
             self._stages.apply(self.rung)  # between optimizer steps
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # logs the outcome
+
+    def _report_fallbacks(self) -> None:
+        """Say once which checkpointed units keep their full input at a band-limiting compression."""
+        if self._stages is None or self.compression <= 0 or not self.controller.continuum_on_top:
+            return
+        fallbacks = self._stages.fallbacks()
+        if fallbacks and fallbacks.keys() != self._fallbacks_reported:
+            self._fallbacks_reported = set(fallbacks)
+            details = "; ".join(f"{name}: {reason}" for name, reason in fallbacks.items())
+            rank_zero_info(
+                f"AdaptiveBandLimit: {len(fallbacks)} checkpointed units keep their full input "
+                f"(ordinary checkpointing) at compression {self.compression:.3f}: {details}"
+            )
 
     @override
     def _should_log(self, trainer: pl.Trainer) -> bool:
@@ -382,13 +404,16 @@ class AdaptiveBandLimit(BandLimit):
     def _agree(
         self, trainer: pl.Trainer, reading: MemoryReading, peak: int | None
     ) -> tuple[MemoryReading, int | None]:
-        """What every rank decides from: the least free memory and total, the largest peak and the
-        lowest top rung of any rank. Fed the same, the ranks' controllers take the same decision."""
-        mine = [-reading.free, -reading.total, float(peak or 0), -self.controller.top]
+        """What every rank decides from: the least free memory and total, the largest peak, the
+        lowest top rung of any rank, and the continuum on the top rung only if every rank's blocks
+        keep their spectrum. Fed the same, the ranks' controllers take the same decision."""
+        on_top = float(self.controller.continuum_on_top)
+        mine = [-reading.free, -reading.total, float(peak or 0), -self.controller.top, -on_top]
         agreed = trainer.strategy.reduce(
             torch.tensor(mine, dtype=torch.float64, device=self._device), reduce_op="max"
         ).tolist()
         self.controller.top = int(round(-agreed[3]))
+        self.controller.set_continuum_on_top(-agreed[4] > 0.5)  # on the top rung only if on every rank
         total = int(round(-agreed[1]))
         agreed_reading = MemoryReading(
             total=total, free=min(int(round(-agreed[0])), total), source=reading.source

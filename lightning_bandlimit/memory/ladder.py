@@ -5,11 +5,15 @@ A job's memory levers form a ladder of settings, least lossy first:
 * **exact rungs** ``0 .. rungs`` at the floor compression: rung 0 checkpoints nothing, rung
   ``r`` checkpoints the model's first ``r`` stages (highest resolution first). Gradients are
   exact on every rung; each costs a measured amount of step time (the recompute).
-* **the compression continuum** above the floor (lossy), on rung 0. A checkpointed block keeps
-  its input at full size while a memory-lean band-limited block keeps only the kept spectrum,
-  so above the floor checkpointing stops paying (measured on the quickstart model, resident
-  step memory: all blocks checkpointed at compression 0.5 kept more than none at 0.5); the
-  continuum starts where a compression on rung 0 is predicted to need less than the top rung.
+* **the compression continuum** above the floor (lossy), on the **lossy rung**: the top rung
+  when the checkpointed blocks keep only their kept spectrum
+  (:mod:`lightning_bandlimit.spectral_checkpoint`; :meth:`LadderController.set_continuum_on_top`),
+  so that more compression also shrinks what the checkpointed blocks keep and the continuum
+  goes on where the exact rungs stop; else rung 0, because a block checkpointed the ordinary
+  way keeps its input at full size while a memory-lean band-limited block keeps only its kept
+  spectrum (measured on the quickstart model: all blocks checkpointed at compression 0.5 kept
+  more than none at 0.5), and the continuum starts where a compression on rung 0 is predicted
+  to need less than the top rung.
 
 The controller is plain Python (no Lightning, no torch), fed one
 :class:`~lightning_bandlimit.memory.probes.MemoryReading` per check and the job's peak memory
@@ -22,9 +26,10 @@ at the setting it ran with, with the same thresholds, hysteresis and cooldown as
   rung and the bytes each stage frees (:meth:`LadderController.set_stage_savings`, measured
   once by the callback). A rung that cannot be predicted is passed over for the top rung at
   once: exact, and the most any rung frees. Beyond the top rung the least compression its
-  learned memory-versus-compression model predicts to fit; with no model yet,
-  ``max_compression`` (the most the continuum frees), given back at the next release as far
-  as the model then learned allows.
+  learned memory-versus-compression model predicts to fit; with no model yet, on the top rung
+  one ``raise_step`` more, on rung 0 ``max_compression`` (only a large compression is sure to
+  free more than the top rung did), given back at the next release as far as the model then
+  learned allows.
 * **Hold** between ``min_free`` and ``release_free``.
 * **Release** (``release_checks`` calm checks and a cooldown): the lossy part first (to the
   fastest exact rung predicted to keep ``release_free`` free, else to the least compression
@@ -146,7 +151,8 @@ class LadderController:
         self.min_free, self.release_free, self.max_slowdown = min_free, release_free, max_slowdown
         self.top = self.rungs  # the highest rung still on the ladder (max_slowdown may lower it)
         self.rung_memory = MemoryModel(resolution=1.0)  # peak per rung, at the floor compression
-        self.compression_memory = MemoryModel()  # peak per compression, on rung 0
+        self.compression_memory = MemoryModel()  # peak per compression, on the lossy rung
+        self.continuum_on_top = False
         self.rung_seconds: dict[int, float] = {}  # step time per rung (moving average)
         self.stage_savings: list[float] | None = None  # bytes each stage frees when checkpointed
         self.oom_floor = self.min_compression
@@ -184,11 +190,26 @@ class LadderController:
             self.rung_seconds = {}
             self.stage_savings = None
 
+    def set_continuum_on_top(self, on_top: bool) -> None:
+        """Run the compression continuum on the top rung (``True``: the checkpointed blocks keep
+        only their kept spectrum, so compression shrinks them too) or on rung 0 (the default).
+        A change forgets the learned memory-versus-compression model (it was of the other rung)."""
+        if not isinstance(on_top, bool):
+            raise TypeError(f"on_top must be a bool, got {on_top!r}")
+        if on_top != self.continuum_on_top:
+            self.continuum_on_top = on_top
+            self.compression_memory = MemoryModel()
+
+    @property
+    def lossy_rung(self) -> int:
+        """The rung the compression continuum runs on."""
+        return self.top if self.continuum_on_top else 0
+
     def observe(self, setting: Setting, peak_bytes: float) -> None:
         """The job's peak memory measured at ``setting``."""
         if setting.compression <= self.min_compression:
             self.rung_memory.observe(setting.rung, peak_bytes)
-        if setting.rung == 0:
+        if setting.rung == self.lossy_rung:
             self.compression_memory.observe(setting.compression, peak_bytes)
 
     def observe_time(self, rung: int, seconds: float) -> str | None:
@@ -201,6 +222,8 @@ class LadderController:
             return None
         if slowdown > self.max_slowdown:
             self.top = rung - 1
+            if self.continuum_on_top:  # the continuum moves down with the top rung
+                self.compression_memory = MemoryModel()
             return (
                 f"rung {rung} costs {slowdown:.2f}x rung 0's step time (max_slowdown {self.max_slowdown}); "
                 f"the ladder's top rung is now {self.top}"
@@ -231,10 +254,11 @@ class LadderController:
         """Predicted peak at ``setting``; ``None`` if unknown."""
         if setting.compression <= self.min_compression:
             predicted = self.predict_rung(setting.rung)
-            if predicted is None and setting.rung == 0:  # rung 0 at the floor is on the continuum too
+            if predicted is None and setting.rung == self.lossy_rung:  # the continuum's start
                 predicted = self.compression_memory.predict(setting.compression)
             return predicted
-        return self.compression_memory.predict(setting.compression) if setting.rung == 0 else None
+        on_continuum = setting.rung == self.lossy_rung
+        return self.compression_memory.predict(setting.compression) if on_continuum else None
 
     # -- decisions -------------------------------------------------------------------------
 
@@ -291,16 +315,17 @@ class LadderController:
             c for c in self._grid(self.min_compression, self.max_compression)[1:] if c > current.compression
         ]
         fitting = None if now is None else self._least_compression(now - deficit, above)
+        lossy = self.lossy_rung
         if fitting is not None:
-            return Setting(0, fitting)
+            return Setting(lossy, fitting)
         if self.max_compression <= self.min_compression:  # no lossy lever: the top rung is all there is
             return Setting(self.top, self.min_compression)
-        if exact and self.top > 0:  # past the exact rungs, with nothing known of the continuum
-            return Setting(0, self.max_compression)
-        return Setting(0, self.clamp(current.compression + self.raise_step))
+        if exact and self.top > 0 and not self.continuum_on_top:
+            return Setting(0, self.max_compression)  # from the top rung to rung 0, nothing known
+        return Setting(lossy, self.clamp(current.compression + self.raise_step))
 
     def _least_compression(self, needs: float, candidates: Iterable[float]) -> float | None:
-        """The first of ``candidates`` (compressions on rung 0) predicted to need at most ``needs``."""
+        """The first of ``candidates`` (on the lossy rung) predicted to need at most ``needs``."""
         return next(
             (c for c in candidates if (p := self.compression_memory.predict(c)) is not None and p <= needs),
             None,
@@ -324,7 +349,7 @@ class LadderController:
                 else self._least_compression(now + spare, self._grid(floor, current.compression))
             )
             target = max(current.compression - self.lower_step if fitting is None else fitting, floor)
-            return Setting(0, self.clamp(min(target, current.compression)))
+            return Setting(self.lossy_rung, self.clamp(min(target, current.compression)))
         if current.rung == 0:
             return current
         for rung in range(current.rung):  # fastest first
@@ -355,10 +380,10 @@ class LadderController:
             return Setting(self.top, current.compression)
         if self.max_compression <= self.min_compression:
             return Setting(self.top, current.compression)
-        retry = self.max_compression if exact and current.rung > 0 else current.compression + self.raise_step
-        retry = self.clamp(retry)
+        jump = exact and current.rung > 0 and not self.continuum_on_top  # top rung -> rung 0
+        retry = self.clamp(self.max_compression if jump else current.compression + self.raise_step)
         self.oom_floor = max(self.oom_floor, retry)
-        return Setting(0, retry)
+        return Setting(self.lossy_rung, retry)
 
     def _change(
         self, target: Setting, current: Setting, reason: str, free: int, threshold: int
@@ -378,6 +403,7 @@ class LadderController:
             "rung_seconds": [[r, s] for r, s in sorted(self.rung_seconds.items())],
             "stage_savings": self.stage_savings,
             "oom_floor": self.oom_floor,
+            "continuum_on_top": self.continuum_on_top,
             "calm": self._calm,
             "since_change": self._since_change,
             "expected_free": self._expected_free,
@@ -391,6 +417,7 @@ class LadderController:
         saved_rungs = int(state.get("rungs", self.rungs))
         if saved_rungs != self.rungs and self.rungs == 0 and self.stage_savings is None:
             self.rungs = self.top = saved_rungs  # stages not measured yet: the saved ones
+        self.continuum_on_top = bool(state.get("continuum_on_top", False))
         # a CompressionController's state keeps its model under "model"
         self.compression_memory.load_state_dict(state.get("compression_memory", state.get("model", {})))
         self.oom_floor = float(state.get("oom_floor", self.min_compression))

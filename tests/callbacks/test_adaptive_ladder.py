@@ -1,4 +1,9 @@
-"""AdaptiveBandLimit over the ladder: checkpointing rungs first, then compression on rung 0."""
+"""AdaptiveBandLimit over the ladder: checkpointing rungs first, then compression on rung 0.
+
+These tests pin the continuum on rung 0 (blocks checkpointed the ordinary way, as for models
+whose blocks cannot keep a kept spectrum); ``test_adaptive_ladder_on_top.py`` covers the
+continuum on the top rung that band-limited basic blocks get.
+"""
 
 import warnings
 from collections.abc import Callable
@@ -14,7 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_bandlimit import bandlimited_layers
 from lightning_bandlimit.callbacks import AdaptiveBandLimit
 from lightning_bandlimit.callbacks import adaptive_band_limit as adaptive_module
-from lightning_bandlimit.checkpointing import is_checkpointed
+from lightning_bandlimit.checkpointing import CheckpointStages, is_checkpointed
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.memory import MemoryReading, ScriptedProbe
 from lightning_bandlimit.memory.ladder import Setting
@@ -36,7 +41,12 @@ BLOCKS = [f"backbone.{i}" for i in range(3, 11)]
 STAGES = [BLOCKS[i : i + 2] for i in range(0, 8, 2)]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread", "continuum_on_rung_0")
+
+
+@pytest.fixture
+def continuum_on_rung_0(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CheckpointStages, "keep_spectrum", lambda self: False)
 
 
 def _data() -> SyntheticImageDataModule:
@@ -337,8 +347,8 @@ class _OtherRank:
 class _TwoRanks:
     world_size = 2
 
-    def __init__(self, free: int, total: int, peak: int | None, top: int) -> None:
-        self.strategy = _OtherRank([-free, -total, float(peak or 0), -top])
+    def __init__(self, free: int, total: int, peak: int | None, top: int, on_top: bool = False) -> None:
+        self.strategy = _OtherRank([-free, -total, float(peak or 0), -top, -float(on_top)])
 
 
 def _agreeing(top: int = 4) -> AdaptiveBandLimit:
@@ -371,6 +381,14 @@ def test_ranks_decide_from_the_least_free_memory_largest_peak_and_lowest_top(
     )
     assert (reading.free, reading.total, peak, callback.controller.top) == agreed
     assert trainer.strategy.calls == [(None, "max")]  # one collective, reduce_op by keyword
+
+
+@pytest.mark.parametrize(("mine", "other"), [(True, True), (True, False), (False, True), (False, False)])
+def test_ranks_run_the_continuum_on_the_top_rung_only_if_every_rank_can(mine: bool, other: bool) -> None:
+    callback = _agreeing()
+    callback.controller.set_continuum_on_top(mine)
+    callback._agree(_TwoRanks(600, 1000, 300, 4, on_top=other), MemoryReading(1000, 600, "scripted"), 300)
+    assert callback.controller.continuum_on_top == (mine and other)
 
 
 def test_ranks_fed_the_same_inputs_take_the_same_decisions() -> None:
@@ -668,10 +686,11 @@ def test_ddp_ranks_follow_the_same_ladder(tmp_path: Path) -> None:
     assert ranks[0]["rungs"] == 4 and ranks[1]["rungs"] == 2
     assert max(r for _, r, _ in timeline) in (1, 2)  # rank 1's pressure moved both, below the top
     lossy = [(r, c) for _, r, c in timeline if c > 0]
-    assert lossy and {r for r, _ in lossy} == {0}  # the continuum, on rung 0, on both ranks
+    # band-limited basic blocks keep their kept spectrum: the continuum is on the agreed top rung
+    assert lossy and {r for r, _ in lossy} == {2}
     first_lossy = next(i for i, (_, _, c) in enumerate(timeline) if c > 0)
     assert all(c == 0 for _, _, c in timeline[:first_lossy]) and timeline[first_lossy - 1][1] >= 1
     assert timeline[-1][1:] == (0, 0.0)
     assert ranks[0]["checkpointed"] == ranks[1]["checkpointed"]
-    assert max(len(names) for names in ranks[0]["checkpointed"]) in (2, 4)
+    assert max(len(names) for names in ranks[0]["checkpointed"]) == 4
     assert ranks[0]["layers"] == ranks[1]["layers"]

@@ -624,3 +624,65 @@ def test_simulated_cotenant_needs_compression_on_rung_0(peak: int, savings: bool
     assert all(b.rung <= a.rung for a, b in zip(exact_after, exact_after[1:]))
     assert settings[-1] == FLOOR  # the co-tenant left: rung 0, compression floor
     assert reasons[-1] == "hold"
+
+
+# -- the continuum on the top rung (checkpointed blocks keep only their kept spectrum) ----------
+
+
+def _job_memory_spectral(setting: Setting) -> float:
+    """Checkpointed band-limited blocks: compression shrinks the top rung too (520 - 400 c)."""
+    assert setting.compression == 0 or setting.rung == 3, f"compression on rung {setting.rung}"
+    return RUNG_MEMORY[setting.rung] - (400 * setting.compression if setting.rung == 3 else 0)
+
+
+def _simulate_on_top(cotenant: list[int]) -> tuple[list[Setting], list[float], list[str]]:
+    ladder = LadderController(rungs=3, min_free=MIN_FREE, release_free=2 * MIN_FREE, max_compression=0.9)
+    ladder.set_continuum_on_top(True)
+    ladder.set_stage_savings([300, 150, 30])
+    setting, settings, frees, reasons = FLOOR, [], [], []
+    for used in cotenant:
+        job = _job_memory_spectral(setting)
+        frees.append(BUDGET - used - job)
+        settings.append(setting)
+        ladder.observe(setting, job)
+        decision = ladder.decide(_reading(max(0, int(frees[-1])), BUDGET), setting)
+        reasons.append(decision.reason)
+        setting = decision.setting
+    return settings, frees, reasons
+
+
+@pytest.mark.parametrize("peak", [2350, 2450, 2550, 2600])
+def test_simulated_cotenant_continuum_on_the_top_rung(peak: int) -> None:
+    settings, frees, reasons = _simulate_on_top(_ramp(peak))
+    first = reasons.index("raise")
+    assert sum(f < 0 for f in frees[first + 1 :]) == 0, frees
+    lossy = [i for i, s in enumerate(settings) if s.compression > 0]
+    assert lossy and all(settings[i].rung == 3 for i in lossy)  # compression only on the top rung
+    assert all(s.compression == 0 for s in settings[: lossy[0]])  # exact rungs first
+    # less compression than the same squeeze costs with the continuum on rung 0
+    on_rung_0 = max(s.compression for s in _simulate(_ramp(peak), True)[0])
+    assert max(s.compression for s in settings) < on_rung_0
+    exact_after = settings[lossy[-1] + 1 :]  # the lossy part given back first
+    assert exact_after and all(s.compression == 0 for s in exact_after)
+    assert settings[-1] == FLOOR and reasons[-1] == "hold"
+
+
+def test_continuum_on_top_raises_and_retries_on_the_top_rung() -> None:
+    ladder = _known()
+    ladder.set_continuum_on_top(True)
+    assert ladder.lossy_rung == 4
+    # every rung is insufficient, nothing known of the continuum: the top rung plus one raise_step
+    assert ladder.decide(_reading(0), FLOOR).setting == Setting(4, 0.2)
+    assert ladder.on_oom(Setting(4, 0.0)) == Setting(4, 0.2)
+    ladder.observe(Setting(4, 0.0), 4350)
+    ladder.observe(Setting(4, 0.5), 2350)
+    assert ladder.predict(Setting(4, 0.25)) == pytest.approx(3350)
+    assert ladder.predict(Setting(0, 0.25)) is None  # no continuum on rung 0
+    state = ladder.state_dict()
+    again = _ladder()
+    again.load_state_dict(state)
+    assert again.continuum_on_top and again.predict(Setting(4, 0.25)) == pytest.approx(3350)
+    ladder.set_continuum_on_top(False)  # the model was of the other rung: forgotten
+    assert ladder.predict(Setting(4, 0.25)) is None
+    with pytest.raises(TypeError, match="on_top must be a bool"):
+        ladder.set_continuum_on_top(1)  # type: ignore[arg-type]
