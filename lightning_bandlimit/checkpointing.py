@@ -10,6 +10,15 @@ again in backward to rebuild what the gradients need. Gradients are exactly thos
 module without checkpointing (the same operations run on the same values). In eval mode or
 without gradients the module runs as before.
 
+**Band-limited blocks keep less than their input.** A checkpointed block whose input reaches
+its arithmetic only through memory-lean band-limited convolutions, identity shortcuts and
+strided 1x1 shortcuts (a ResNet basic block) keeps only what those read, the kept input
+spectrum and the shortcut's stride-grid pixels, and recomputes the rest from them
+(:mod:`lightning_bandlimit.spectral_checkpoint`; outputs and gradients equal to round-off);
+other blocks, and these at a full band or on maps too small for the spectrum to be the smaller
+form, fall back to the ordinary way (:func:`~lightning_bandlimit.spectral_checkpoint.spectral_fallback`
+says why).
+
 **BatchNorm running statistics are updated once per step.** Recomputing a module's forward
 would update its BatchNorm layers' running statistics a second time (pytorch/pytorch#96136);
 the recompute here restores them afterwards, so they equal those of the same model without

@@ -24,6 +24,7 @@ from lightning_bandlimit.surgery import Patterns, normalize_patterns
 from lightning_bandlimit.utils.validation import check_int
 
 LEVERS = ("checkpoint", "compression")
+CONTINUUM_RUNGS = ("auto", "top", "zero")
 
 __all__ = ["AdaptiveBandLimit"]
 
@@ -64,10 +65,15 @@ class AdaptiveBandLimit(BandLimit):
        between optimizer steps, in place (``state_dict`` keys unchanged), in the non-reentrant
        mode (DDP-safe), with BatchNorm running statistics updated once per step.
     2. **Compression** (``"compression"`` lever; lossy): the band-limited layers' compression,
-       raised above ``min_compression`` only when the top rung does not suffice, and then with
-       no unit checkpointed: a checkpointed block keeps its input at full size while a
-       memory-lean band-limited block keeps only its kept spectrum, so above the floor
-       checkpointing stops paying (see :mod:`lightning_bandlimit.memory.ladder`).
+       raised above ``min_compression`` only when the top rung does not suffice. When every
+       unit is a block whose input reaches its arithmetic only through band-limited
+       convolutions, identity and strided 1x1 shortcuts (ResNet basic blocks), checkpointed
+       blocks keep only their kept input spectrum
+       (:mod:`lightning_bandlimit.spectral_checkpoint`) and the compression rises **on the top
+       rung**, shrinking what they keep; otherwise on rung 0, with no unit checkpointed (a block
+       checkpointed the ordinary way keeps its full-size input, so above the floor
+       checkpointing stops paying; see :mod:`lightning_bandlimit.memory.ladder`). Units that
+       fall back to ordinary checkpointing at a compression are reported once, with the reason.
 
     Under pressure (free memory below ``min_free``) it jumps at once to the least lossy point
     predicted to fit; when free memory stays above ``release_free`` it gives back the lossy
@@ -126,6 +132,13 @@ class AdaptiveBandLimit(BandLimit):
             (default: found automatically).
         max_slowdown: the most step time a checkpointing rung may cost relative to none
             (e.g. ``1.3``); ``None``: no cap.
+        continuum_rung: where the compression rises past the exact rungs: ``"auto"`` (the top
+            rung when every unit keeps its kept spectrum when checkpointed, else rung 0),
+            ``"top"`` or ``"zero"``. On the top rung the checkpointed blocks shrink with the
+            compression too (far fewer bytes saved for backward) at the recompute's step time;
+            a step's peak is often set by the backward's own working set, and then rung 0 at
+            the same compression needs about as much memory and runs faster (README,
+            "Checkpointed band-limited blocks").
         include: glob patterns over module names to band-limit.
         exclude: glob patterns to leave alone.
         pointwise: also band-limit 1x1 convolutions.
@@ -163,6 +176,7 @@ class AdaptiveBandLimit(BandLimit):
         levers: Sequence[str] = LEVERS,
         checkpoint_units: Patterns = None,
         max_slowdown: float | None = None,
+        continuum_rung: str = "auto",
         include: Patterns = None,
         exclude: Patterns = None,
         pointwise: bool = False,
@@ -172,6 +186,8 @@ class AdaptiveBandLimit(BandLimit):
         **controller_kwargs: Any,
     ) -> None:
         levers = _check_levers(levers)
+        if continuum_rung not in CONTINUUM_RUNGS:
+            raise ValueError(f"continuum_rung must be one of {list(CONTINUUM_RUNGS)}, got {continuum_rung!r}")
         if "compression" not in levers:
             max_compression = min_compression
         self.controller = LadderController(
@@ -195,6 +211,7 @@ class AdaptiveBandLimit(BandLimit):
         if not (isinstance(probe, MemoryProbe) or probe == "auto"):
             raise ValueError(f"probe must be 'auto' or a MemoryProbe, got {probe!r}")
         self.levers = levers
+        self.continuum_rung = continuum_rung
         self.checkpoint_units = normalize_patterns("checkpoint_units", checkpoint_units)
         self.check_every_n_steps = check_every_n_steps
         self._probe_spec = probe
@@ -331,7 +348,9 @@ class AdaptiveBandLimit(BandLimit):
                 self._record_oom(self._oom_while_profiling, units=self._units_at(self.rung))
                 self._oom_while_profiling = None
             freed = "bytes each frees: unknown (measured checkpointed, after an out-of-memory error)"
-        on_top = "compression" in self.levers and self._stages.keep_spectrum()
+        on_top = "compression" in self.levers and (
+            self.continuum_rung == "top" or (self.continuum_rung == "auto" and self._stages.keep_spectrum())
+        )
         self.controller.set_continuum_on_top(on_top)
         continuum = (
             "the compression continuum runs on the top rung (checkpointed blocks keep their kept spectrum)"

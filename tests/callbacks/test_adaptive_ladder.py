@@ -1,8 +1,8 @@
 """AdaptiveBandLimit over the ladder: checkpointing rungs first, then compression on rung 0.
 
-These tests pin the continuum on rung 0 (blocks checkpointed the ordinary way, as for models
-whose blocks cannot keep a kept spectrum); ``test_adaptive_ladder_on_top.py`` covers the
-continuum on the top rung that band-limited basic blocks get.
+These tests pin the continuum on rung 0 (``continuum_rung="zero"``, as for models whose blocks
+cannot keep a kept spectrum); ``test_adaptive_ladder_on_top.py`` covers the continuum on the
+top rung that band-limited basic blocks get by default.
 """
 
 import warnings
@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_bandlimit import bandlimited_layers
 from lightning_bandlimit.callbacks import AdaptiveBandLimit
 from lightning_bandlimit.callbacks import adaptive_band_limit as adaptive_module
-from lightning_bandlimit.checkpointing import CheckpointStages, is_checkpointed
+from lightning_bandlimit.checkpointing import is_checkpointed
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.memory import MemoryReading, ScriptedProbe
 from lightning_bandlimit.memory.ladder import Setting
@@ -41,12 +41,7 @@ BLOCKS = [f"backbone.{i}" for i in range(3, 11)]
 STAGES = [BLOCKS[i : i + 2] for i in range(0, 8, 2)]
 
 
-pytestmark = pytest.mark.usefixtures("one_thread", "continuum_on_rung_0")
-
-
-@pytest.fixture
-def continuum_on_rung_0(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(CheckpointStages, "keep_spectrum", lambda self: False)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _data() -> SyntheticImageDataModule:
@@ -54,7 +49,8 @@ def _data() -> SyntheticImageDataModule:
 
 
 def _callback(frees: list[int] = PRESSURE, **kwargs: Any) -> AdaptiveBandLimit:
-    return AdaptiveBandLimit(probe=ScriptedProbe(free=frees, total=TOTAL), **{**SCRIPTED_ADAPTIVE, **kwargs})
+    kwargs = {**SCRIPTED_ADAPTIVE, "continuum_rung": "zero", **kwargs}
+    return AdaptiveBandLimit(probe=ScriptedProbe(free=frees, total=TOTAL), **kwargs)
 
 
 def _model() -> ImageClassifier:
@@ -230,6 +226,7 @@ def test_levers_are_normalised_to_ladder_order() -> None:
         ({"checkpoint_units": 5}, TypeError),
         ({"checkpoint_units": ["backbone.3", 5]}, TypeError),
         ({"max_slowdown": 0.5}, ValueError),
+        ({"continuum_rung": "bottom"}, ValueError),
     ],
 )
 def test_bad_arguments(kwargs: dict, error: type) -> None:

@@ -8,7 +8,6 @@ checkpointed blocks keep: past the exact rungs the ladder compresses on the top 
 from pathlib import Path
 
 import pytest
-import torch
 from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer
 from lightning.pytorch.callbacks import Callback
 
@@ -72,12 +71,19 @@ def test_past_the_exact_rungs_the_ladder_compresses_on_the_top_rung(
     assert len(points) >= 2 and points[max(points)] < points[min(points)]
 
 
-def test_models_whose_blocks_cannot_keep_a_spectrum_keep_the_continuum_on_rung_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "on_top"),
+    [
+        ({"memory_lean": False}, False),  # blocks that cannot keep a spectrum: rung 0
+        ({"continuum_rung": "zero"}, False),  # the user's choice: faster, about as lean per step
+        ({"memory_lean": False, "continuum_rung": "top"}, True),
+    ],
+)
+def test_where_the_continuum_runs(tmp_path: Path, kwargs: dict, on_top: bool) -> None:
     callback = AdaptiveBandLimit(
-        probe=ScriptedProbe(free=[80 * M] * 4, total=TOTAL), memory_lean=False, **SCRIPTED_ADAPTIVE
+        probe=ScriptedProbe(free=[80 * M] * 4, total=TOTAL), **{**SCRIPTED_ADAPTIVE, **kwargs}
     )
     trainer = cpu_trainer([callback], default_root_dir=tmp_path, max_steps=3, limit_val_batches=0)
     data = SyntheticImageDataModule(train_size=64, val_size=8, test_size=8, batch_size=16)
     trainer.fit(ImageClassifier("cifar_resnet18", width=4), data)
-    assert callback.controller.rungs == 4 and not callback.controller.continuum_on_top
-    assert torch.isfinite(torch.tensor(callback.compression))
+    assert callback.controller.rungs == 4 and callback.controller.continuum_on_top == on_top
