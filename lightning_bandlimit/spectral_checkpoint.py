@@ -73,6 +73,7 @@ class BlockPlan:
     Attributes:
         reason: why the block's structure cannot keep a spectrum (``None``: it can, if its
             readers qualify at run time).
+        input: the block's input (the trace's placeholder).
         readers: the convolution calls that read the input.
         region: the nodes recomputed in backward (graph order).
         outputs: the region's values used after it.
