@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument(
         "--below", type=float, default=0.2, help="today's budget shortfall, in plain step memory"
     )
-    parser.add_argument("--deep-below", type=float, default=0.55, help="the deep trace's budget shortfall")
+    parser.add_argument("--deep-below", type=float, default=0.45, help="the deep trace's budget shortfall")
     parser.add_argument("--work", type=Path, default=Path("runs/benchmark-multitenant"))
     parser.add_argument("--output", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--name", default="multitenant", help="file stem of the JSON and PNG written")
