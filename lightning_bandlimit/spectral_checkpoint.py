@@ -35,17 +35,16 @@ import functools
 import math
 import operator
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import fx, nn
 
 from lightning_bandlimit.functional.fft_conv import analyse, conv_from_spectrum, input_plan, spectrum_bytes
-from lightning_bandlimit.functional.lean_ops import conv_dtype
+from lightning_bandlimit.functional.lean_ops import conv_dtype, conv_function, stride_grid
 from lightning_bandlimit.layers import BandLimitedConvNd
 
 __all__ = ["BlockPlan", "block_plan", "can_keep_spectrum", "checkpoint_from_spectrum", "spectral_fallback"]
@@ -214,7 +213,6 @@ class _Reader:
     node: fx.Node
     conv: nn.Module
     plan: Any = None  # the DFT plan of a band-limited reader; None for a strided 1x1 one
-    stride: tuple[int, ...] = ()
 
 
 def _readers(module: nn.Module, plan: BlockPlan, x: torch.Tensor) -> list[_Reader] | str:
@@ -253,7 +251,7 @@ def _readers(module: nn.Module, plan: BlockPlan, x: torch.Tensor) -> list[_Reade
             and conv.padding in ("valid", (0,) * spatial_dims)
             and math.prod(conv.stride) > 1
         ):
-            readers.append(_Reader(node, conv, stride=tuple(conv.stride)))
+            readers.append(_Reader(node, conv))
         else:
             return f"{node.target} ({type(conv).__name__}) is not band-limited and reads every pixel"
     return readers
@@ -270,11 +268,6 @@ class _Hold(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return grad
-
-
-def _subsample(x: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
-    picked = x[(..., *(slice(None, None, s) for s in stride))]
-    return picked.clone(memory_format=torch.contiguous_format)  # not a view: x's storage is freed
 
 
 def _execute(module: nn.Module, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
@@ -305,8 +298,9 @@ def _region(
                 kept, conv.weight, conv.bias, reader.plan, spatial_dims, out_dtype
             )
         else:
-            functional = F.conv1d if spatial_dims == 1 else F.conv2d
-            env[reader.node] = functional(kept, conv.weight, conv.bias, 1, 0, conv.dilation, conv.groups)
+            env[reader.node] = conv_function(spatial_dims)(
+                kept, conv.weight, conv.bias, 1, 0, conv.dilation, conv.groups
+            )
     for node in plan.region:
         if node not in env:
             env[node] = _execute(module, node, env)
@@ -351,7 +345,9 @@ def checkpoint_from_spectrum(
             held.append(_Hold.apply(analyse(x, reader.plan, len(reader.conv.kernel_size))))
             reader.conv._record_band(x)  # type: ignore[operator]
         else:
-            held.append(_Hold.apply(_subsample(x, reader.stride)))
+            # a copy, not a view: x's storage is freed
+            pixels = stride_grid(x, reader.conv.stride).clone(memory_format=torch.contiguous_format)
+            held.append(_Hold.apply(pixels))
     region = functools.partial(_region, module, plan, readers, conv_dtype(x))
     outs = torch.utils.checkpoint.checkpoint(region, *held, use_reentrant=False, context_fn=context_fn)
     env: dict[fx.Node, Any] = dict(zip(plan.outputs, outs))

@@ -416,11 +416,11 @@ def _fft_conv(
         raise ValueError(f"conv{spatial_dims}d: input must be a tensor, got {type(input).__name__}")
     unbatched = input.dim() == spatial_dims + 1
     batched = input.unsqueeze(0) if unbatched else input
-    geometry = resolve_geometry(
-        batched, weight, bias, stride, padding, dilation, groups, padding_mode, spatial_dims
+    plan = input_plan(
+        batched, weight, bias, stride, padding, dilation, groups, padding_mode, compression, spatial_dims
     )
+    geometry = plan.geometry
     compute_dtype, out_dtype = _dtypes(batched)
-    plan = dft_plan(geometry, compression, compute_dtype, batched.device)
     lean = memory_lean and not unbatched and lean_wanted(batched, weight, bias)
     if algorithm == "auto" and plan.band.is_full and padding_mode == "zeros" and _symmetric(geometry):
         # The full band is the convolution itself: the native kernel is exact and cheapest.
@@ -516,7 +516,6 @@ def input_plan(
     Raises:
         ValueError: as :func:`fft_conv2d`.
     """
-    compression = check_compression(compression)
     geometry = resolve_geometry(
         input, weight, bias, stride, padding, dilation, groups, padding_mode, spatial_dims
     )

@@ -45,6 +45,8 @@ __all__ = [
     "lean_relu",
     "lean_wanted",
     "pack_mask",
+    "conv_function",
+    "stride_grid",
     "unpack_mask",
 ]
 
@@ -350,11 +352,13 @@ def lean_max_pool2d(
 
 
 # ------------------------------------------------------------------------ native convolution
-def _conv(spatial_dims: int):
+def conv_function(spatial_dims: int):
+    """``F.conv1d`` or ``F.conv2d``."""
     return F.conv1d if spatial_dims == 1 else F.conv2d
 
 
-def _subsample(x: torch.Tensor, stride: tuple[int, ...]) -> torch.Tensor:
+def stride_grid(x: torch.Tensor, stride: Sequence[int]) -> torch.Tensor:
+    """The view of ``x`` at the pixels a 1x1 convolution with ``stride`` reads."""
     index = (Ellipsis, *(slice(None, None, s) for s in stride))
     return x[index]
 
@@ -385,9 +389,9 @@ class _NativeConv(torch.autograd.Function):
         dtype = conv_dtype(input)
         spatial_dims = weight.dim() - 2
         ctx.extra = len(source_tensors)  # tensor arguments after the nine fixed ones
-        x = input if subsample is None else _subsample(input, subsample).contiguous()
+        x = input if subsample is None else stride_grid(input, subsample).contiguous()
         with torch.autocast(input.device.type, enabled=False):
-            out = _conv(spatial_dims)(
+            out = conv_function(spatial_dims)(
                 x.to(dtype),
                 weight.to(dtype),
                 None if bias is None else bias.to(dtype),
@@ -415,7 +419,7 @@ class _NativeConv(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         x = rebuild(ctx.source, kept)
         if ctx.subsample_saved is not None:
-            x = _subsample(x, ctx.subsample_saved)
+            x = stride_grid(x, ctx.subsample_saved)
         grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
             grad.to(ctx.dtype),
             x.to(ctx.dtype),
@@ -432,7 +436,7 @@ class _NativeConv(torch.autograd.Function):
         if grad_x is not None:
             if subsample is not None:
                 full = grad_x.new_zeros(ctx.input_shape)
-                _subsample(full, subsample).copy_(grad_x)
+                stride_grid(full, subsample).copy_(grad_x)
                 grad_x = full
             grad_x = grad_x.to(ctx.input_dtype)
         return (

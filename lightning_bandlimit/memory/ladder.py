@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_bandlimit.functional import check_compression
-from lightning_bandlimit.memory.memory_model import HOLD, LOWER, RAISE, MemoryModel, _bytes
+from lightning_bandlimit.memory.memory_model import HOLD, LOWER, RAISE, MemoryModel, threshold_bytes
 from lightning_bandlimit.memory.probes import MemoryReading
 from lightning_bandlimit.utils.validation import check_int, check_real
 
@@ -279,8 +279,8 @@ class LadderController:
         return None if now is None or then is None else free + now - then
 
     def _decide(self, reading: MemoryReading, current: Setting) -> LadderDecision:
-        low = _bytes(self.min_free, reading.total)
-        high = _bytes(self.release_free, reading.total)
+        low = threshold_bytes(self.min_free, reading.total)
+        high = threshold_bytes(self.release_free, reading.total)
         self._since_change += 1
         surprise = 0.0 if self._expected_free is None else max(0.0, self._expected_free - reading.free)
         if reading.free < low:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HOLD", "LOWER", "OOM", "RAISE", "MemoryModel"]
+__all__ = ["HOLD", "LOWER", "OOM", "RAISE", "MemoryModel", "threshold_bytes"]
 
 HOLD, RAISE, LOWER, OOM = "hold", "raise", "lower", "oom"
 
@@ -71,5 +71,6 @@ class MemoryModel:
         self.points = {float(c): float(m) for c, m in state.get("points", [])}
 
 
-def _bytes(threshold: float, total: int) -> int:
+def threshold_bytes(threshold: float, total: int) -> int:
+    """A free-memory threshold in bytes: ``threshold`` bytes, or that fraction of ``total`` below 1."""
     return int(threshold * total) if threshold < 1 else int(threshold)
