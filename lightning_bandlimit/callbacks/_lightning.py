@@ -54,14 +54,19 @@ def check_lightning_shapes() -> None:
 class LastCheckpointHook:
     """Mixin for a ``ModelCheckpoint``: :meth:`before_finding_last` runs before Lightning looks
     for the newest ``last`` checkpoint (its private ``_find_last_checkpoints``, which
-    ``ckpt_path="last"`` calls before any callback's ``setup``)."""
+    ``ckpt_path="last"`` calls before any callback's ``setup``), and :meth:`choose_last` may
+    narrow what it found (Lightning then takes the newest of what is left)."""
 
     def before_finding_last(self, trainer: pl.Trainer) -> None:
         """Prepare the callback for the search (nothing by default)."""
 
+    def choose_last(self, trainer: pl.Trainer, candidates: set[str]) -> set[str]:
+        """The candidates Lightning may resume from (all of them by default)."""
+        return candidates
+
     def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
         self.before_finding_last(trainer)
-        return super()._find_last_checkpoints(trainer)  # type: ignore[misc]
+        return self.choose_last(trainer, super()._find_last_checkpoints(trainer))  # type: ignore[misc]
 
 
 def last_saved_step(callback: ModelCheckpoint) -> int:

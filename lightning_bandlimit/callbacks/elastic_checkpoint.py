@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
@@ -18,6 +19,7 @@ from lightning_bandlimit.callbacks._lightning import (
     last_saved_step,
     save_last_checkpoint,
 )
+from lightning_bandlimit.utils.checkpoint_io import newest_readable, remove_stale_temporaries
 from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["ElasticCheckpoint"]
@@ -34,6 +36,12 @@ class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
     ``elastic`` recipe does) to resume from the newest one automatically; without a checkpoint
     the run starts fresh.
 
+    A resume never reads a torn file: of the ``last`` checkpoints (``last.ckpt`` and, written by
+    :class:`~lightning_bandlimit.utils.checkpoint_io.DurableCheckpointIO` (the default of
+    ``ElasticDDPStrategy``), the version it replaced, ``last.prev.ckpt``), the newest that loads
+    whole is resumed; a skipped one is named in a warning. Temporary files of writers killed on
+    this host are removed first.
+
     Args:
         dirpath: the checkpoint directory; ``None``: ``<default_root_dir>/checkpoints``.
         every_n_train_steps: optimizer steps between checkpoints.
@@ -44,6 +52,8 @@ class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
     Raises:
         TypeError: if ``every_n_train_steps`` is not an int.
         ValueError: if it is not positive.
+        RuntimeError: at ``fit(ckpt_path="last")``, if ``last`` checkpoints exist but none loads
+            (naming them; nothing is overwritten).
 
     Example:
         >>> callback = ElasticCheckpoint(dirpath="ckpts", every_n_train_steps=50)
@@ -60,6 +70,8 @@ class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
         **kwargs: Any,
     ) -> None:
         self._every_n_steps = check_int("every_n_train_steps", every_n_train_steps, minimum=1)
+        # always ``last.ckpt``: a ``last-v1.ckpt`` beside a stale one would fork the resume chain
+        kwargs.setdefault("enable_version_counter", False)
         super().__init__(
             dirpath=dirpath,
             every_n_train_steps=every_n_train_steps,
@@ -72,6 +84,11 @@ class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
     def every_n_train_steps(self) -> int:
         """Optimizer steps between checkpoints."""
         return self._every_n_steps
+
+    @property
+    def last_saved_step(self) -> int:
+        """The global step of the newest checkpoint this callback finished writing (0 before any)."""
+        return last_saved_step(self)
 
     def _fix_dirpath(self, trainer: pl.Trainer) -> None:
         if self.dirpath is None:
@@ -86,6 +103,40 @@ class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
     @override
     def before_finding_last(self, trainer: pl.Trainer) -> None:
         self._fix_dirpath(trainer)  # ckpt_path="last" is resolved before setup
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        self._stepped = True
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        # Only right after an optimizer step. Mid-accumulation the data position is inside a step;
+        # Lightning would save there on the first micro-batch after a resume (its record of the
+        # last step saved starts at 0), and a resume from that file would train that step short.
+        if not getattr(self, "_stepped", False):
+            return
+        self._stepped = False
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    @override
+    def choose_last(self, trainer: pl.Trainer, candidates: set[str]) -> set[str]:
+        if self.dirpath is not None:
+            remove_stale_temporaries(self.dirpath)
+        if not candidates:
+            return candidates
+        found, skipped = newest_readable(candidates)
+        if found is None:
+            unreadable = "; ".join(f"{path} ({reason})" for path, reason in skipped)
+            raise RuntimeError(f"ElasticCheckpoint: no last checkpoint can be read: {unreadable}")
+        for path, reason in skipped:
+            rank_zero_warn(
+                f"ElasticCheckpoint: skipped {path}, which cannot be read ({reason}); resuming from {found}"
+            )
+        return {str(found)}
 
     @override
     def on_exception(

@@ -70,6 +70,7 @@ from lightning_bandlimit.strategies.elastic_resume import (
 )
 from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
 from lightning_bandlimit.strategies.exact_global_batch import ExactGlobalBatch, MicroBatchPlan
+from lightning_bandlimit.strategies.preemption import Preemption
 from lightning_bandlimit.strategies.scaling import (
     AdaScale,
     ScalingRule,
@@ -79,6 +80,7 @@ from lightning_bandlimit.strategies.scaling import (
 )
 from lightning_bandlimit.strategies.schedules import SampleSchedule
 from lightning_bandlimit.strategies.stability import StabilityGuard
+from lightning_bandlimit.utils.checkpoint_io import DurableCheckpointIO
 from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["ElasticDDPStrategy", "register_elastic_strategies"]
@@ -126,6 +128,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         seed: int | None = None,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("checkpoint_io", DurableCheckpointIO())
         super().__init__(**kwargs)
         if per_device_batch is not None:
             check_int("per_device_batch", per_device_batch, minimum=1)
@@ -161,6 +164,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         self._adascale = AdaScaleGain()
         self._launched_accumulation: int | None = None
         self.plan: MicroBatchPlan | None = None  # with ExactGlobalBatch: this world size's plan
+        self._preemption = Preemption(agree=lambda local: self.reduce_boolean_decision(local, all=False))
 
     # ------------------------------------------------------------------ environment
 
@@ -177,6 +181,11 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
     def setup(self, trainer: pl.Trainer) -> None:
         check_lightning_shapes()
         super().setup(trainer)
+
+    @override
+    def teardown(self) -> None:
+        self._preemption.uninstall()
+        super().teardown()
 
     @override
     def setup_environment(self) -> None:
@@ -299,6 +308,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
     @override
     def on_train_start(self) -> None:
         super().on_train_start()
+        self._preemption.install()  # after Lightning's handlers, which it replaces while training
         trainer = self.lightning_module.trainer
         optimizer = trainer.optimizers[0]
         if self.rule is None:
@@ -312,6 +322,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
             lr=schedule_base_lr(optimizer, self._schedulers(trainer)),
         )
         restored = self._restored
+        self._check_same_resume(trainer, 0 if restored is None else restored.samples_seen)
         if restored is None:
             self.reference = self.applied = launched
             if self.plan is not None and not self.plan.exact:  # the fallback's LR for this size
@@ -342,6 +353,19 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         self._apply_rule(trainer, damping=1.0)
         if self.guard is not None:
             self.guard.start()
+
+    def _check_same_resume(self, trainer: pl.Trainer, samples_seen: int) -> None:
+        """Every rank must have resumed the same checkpoint (each picks ``last`` on its own)."""
+        if self.world_size < 2:
+            return
+        mine = torch.tensor([trainer.global_step, samples_seen], dtype=torch.int64, device=self.root_device)
+        everyone = self.all_gather(mine).reshape(self.world_size, 2).tolist()
+        if any(row != everyone[0] for row in everyone):
+            raise RuntimeError(
+                "ElasticDDPStrategy: the ranks resumed different checkpoints (global step, samples seen "
+                f"per rank: {everyone}; this rank read {self._restored_path}); stopping before any step so "
+                "that torchrun restarts the group (nothing was written)"
+            )
 
     @staticmethod
     def _schedulers(trainer: pl.Trainer) -> list[Any]:
@@ -435,6 +459,8 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         super().on_train_batch_start(batch, batch_idx)
         if self.reference is None:
             return
+        if self._step_samples == 0:  # an optimizer-step boundary: a SIGTERM stops every rank here
+            self._preemption.check()
         trainer = self.lightning_module.trainer
         self._observe_loss(trainer)
         if self.sampler is not None:

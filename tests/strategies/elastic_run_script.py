@@ -2,7 +2,8 @@
 
 argv[1]: JSON with keys devices, max_steps, out (dir), tag, rule ("linear", "keep", "x1000", ...),
 optional: resume ("last" or a path), dataset (96), batch (8), every (checkpoint every N steps),
-sigterm_at (send SIGTERM to every rank after this global step), guard (bool), optimizer ("sgd"/"adam"),
+sigterm_at (send SIGTERM to every rank after this global step; with sigterm_rank, to that rank
+only), guard (bool), optimizer ("sgd"/"adam"),
 hidden (model width, to make an incompatible model), accumulation (1).
 
 Each rank writes <out>/<tag>-rank<r>.json: the indices it trained on, per step, with the LR and
@@ -109,11 +110,11 @@ class Model(pl.LightningModule):
 
 
 class SigtermAt(pl.Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, rank: int | None) -> None:
+        self.step, self.rank = step, rank
 
     def on_train_batch_end(self, trainer, *args) -> None:  # type: ignore[no-untyped-def]
-        if trainer.global_step == self.step:
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -130,7 +131,7 @@ def main() -> None:
         )
     ]
     if "sigterm_at" in cfg:
-        callbacks.append(SigtermAt(cfg["sigterm_at"]))
+        callbacks.append(SigtermAt(cfg["sigterm_at"], cfg.get("sigterm_rank")))
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=cfg["devices"],

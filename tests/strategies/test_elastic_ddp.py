@@ -137,6 +137,25 @@ def test_sigterm_saves_a_checkpoint_to_resume_from(tmp_path: Path) -> None:
     assert b[0]["trained"][0]["step"] == 3 and b[0]["resized_from"] == 1
 
 
+@pytest.mark.slow
+def test_sigterm_to_one_rank_stops_every_rank_at_one_step(tmp_path: Path) -> None:
+    # torchrun signals one agent's workers at a time; Lightning's own handler would desynchronise
+    # the collectives here and tell the other ranks to exit 0 (a finished job, to their agents)
+    proc = _launch(
+        tmp_path, "a", devices=2, max_steps=50, every=100, sigterm_at=3, sigterm_rank=1, expect_ok=False
+    )
+    assert proc.returncode == 143, proc.stderr[-4000:]  # a failure to torchrun: it restarts the group
+    a = _ranks(tmp_path, "a")
+    assert [r["global_step"] for r in a] == [3, 3]  # both stopped at the next step boundary
+    checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    assert (
+        checkpoint["global_step"] == 3 and checkpoint["elastic_ddp"]["sampler"]["consumed"] == 3 * 2 * BATCH
+    )
+    _launch(tmp_path, "b", devices=2, max_steps=6, every=100, resume="last")
+    trained = [t for r in _ranks(tmp_path, "b") for t in r["trained"]]
+    assert min(t["step"] for t in trained) == 3
+
+
 def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
 

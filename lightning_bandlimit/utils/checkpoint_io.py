@@ -1,0 +1,175 @@
+"""Checkpoint files that a kill at any instant cannot tear, and a resume that skips a torn one.
+
+Lightning's ``TorchCheckpointIO`` writes through an fsspec transaction: the bytes go to a
+temporary file in the *system* temporary folder and are moved into place on commit. A worker
+killed mid-write leaves that file behind in ``$TMPDIR`` (one per kill, never removed), the move
+is a copy (not atomic) when ``$TMPDIR`` is on another filesystem than the checkpoint, and
+nothing is synced, so a power cut can leave a short target.
+
+:class:`DurableCheckpointIO` writes a local checkpoint into a temporary file *beside* it, syncs
+it, keeps the version it replaces as ``<name>.prev<suffix>`` (a hard link: the target is never
+absent) and renames the new one into place; temporary files of dead writers are removed.
+:func:`newest_readable` picks, among candidate checkpoints, the newest that loads whole.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from typing_extensions import override
+
+__all__ = ["DurableCheckpointIO", "newest_readable", "previous_path", "remove_stale_temporaries"]
+
+_TMP = ".tmp-"
+
+
+def previous_path(path: str | Path) -> Path:
+    """Where :class:`DurableCheckpointIO` keeps the version ``path`` replaced.
+
+    Example:
+        >>> previous_path("ckpt/last.ckpt").as_posix()
+        'ckpt/last.prev.ckpt'
+    """
+    path = Path(path)
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.name}{_TMP}{socket.gethostname()}-{os.getpid()}")
+
+
+def _is_local(path: str | Path) -> bool:
+    text = str(path)
+    return "://" not in text or text.startswith("file://")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Remove the temporary files that writers on this host left in ``folder`` when killed.
+
+    Only files of processes that no longer run on this host are touched (another host's writer
+    may still be writing on a shared filesystem).
+
+    Returns:
+        The files removed.
+    """
+    removed = []
+    host = socket.gethostname()
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for path in folder.glob(f".*{_TMP}*"):
+        owner, _, pid = path.name.rpartition(_TMP)[2].rpartition("-")
+        if owner == host and pid.isdigit() and not _alive(int(pid)):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def _sync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DurableCheckpointIO(TorchCheckpointIO):
+    """``TorchCheckpointIO`` whose local writes are atomic, synced and keep the previous version.
+
+    Remote paths (``s3://`` and the like) are written by ``TorchCheckpointIO`` unchanged.
+
+    Example:
+        >>> import tempfile
+        >>> io = DurableCheckpointIO()
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     io.save_checkpoint({"global_step": 1}, f"{folder}/last.ckpt")
+        ...     io.save_checkpoint({"global_step": 2}, f"{folder}/last.ckpt")
+        ...     sorted(p.name for p in Path(folder).iterdir())
+        ['last.ckpt', 'last.prev.ckpt']
+    """
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None or not _is_local(path):
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        path = Path(str(path).removeprefix("file://"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = _temporary(path)
+        try:
+            with open(tmp, "wb") as stream:
+                torch.save(checkpoint, stream)
+                stream.flush()
+                os.fsync(stream.fileno())
+            if path.exists():
+                self._keep_previous(path)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _sync_folder(path.parent)
+
+    @staticmethod
+    def _keep_previous(path: Path) -> None:
+        previous, link = previous_path(path), _temporary(previous_path(path))
+        try:
+            os.link(path, link)  # the old version under a second name; the target stays in place
+            os.replace(link, previous)
+        except OSError:  # a filesystem without hard links: no previous version is kept
+            link.unlink(missing_ok=True)
+
+    @override
+    def remove_checkpoint(self, path: Any) -> None:
+        super().remove_checkpoint(path)
+        if _is_local(path):
+            previous_path(str(path).removeprefix("file://")).unlink(missing_ok=True)
+
+
+def newest_readable(candidates: Iterable[str | Path]) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest candidate that loads whole, and the newer ones that did not.
+
+    Candidates are loaded (on the CPU) newest first by modification time until one succeeds, so
+    a torn or unreadable newest file is skipped for the one before it.
+
+    Returns:
+        ``(path or None, [(unreadable path, reason), ...])``.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     io = DurableCheckpointIO()
+        ...     io.save_checkpoint({"global_step": 1}, f"{folder}/last.ckpt")
+        ...     io.save_checkpoint({"global_step": 2}, f"{folder}/last.ckpt")
+        ...     _ = open(f"{folder}/last.ckpt", "r+b").truncate(10)  # torn
+        ...     found, skipped = newest_readable(Path(folder).iterdir())
+        ...     found.name, [p.name for p, _ in skipped]
+        ('last.prev.ckpt', ['last.ckpt'])
+    """
+    paths = sorted(
+        (Path(p) for p in candidates if Path(p).is_file()), key=lambda p: p.stat().st_mtime, reverse=True
+    )
+    skipped: list[tuple[Path, str]] = []
+    for path in paths:
+        try:
+            torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as error:  # any failure to load means: not this one
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            skipped.append((path, f"{type(error).__name__}: {reason}"))
+            continue
+        return path, skipped
+    return None, skipped
