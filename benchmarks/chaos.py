@@ -226,40 +226,36 @@ class Soak:
         return record
 
     def _writing(self) -> list[Path]:
-        """Temporary files being written: beside the checkpoints, or in the job's TMPDIR."""
+        """Checkpoint temporaries of live writers (``DurableCheckpointIO`` names them
+        ``.<name>.tmp-<host>-<pid>`` beside the target; a dead writer's are leftovers)."""
         ckpt = self.out / "ckpt"
-        found = [p for p in ckpt.glob("*") if ".tmp" in p.name] if ckpt.exists() else []
-        return found + list((self.out / "tmp").glob("*"))
+        found = ckpt.glob(".*.tmp-*") if ckpt.exists() else []
+        return [
+            p for p in found if p.name.rpartition("-")[2].isdigit() and _alive(int(p.name.rpartition("-")[2]))
+        ]
 
     def _kill_while_writing(self, timeout: float = 30.0) -> dict[str, Any]:
-        before = set(self._writing())  # leftovers of earlier kills are not a write in progress
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self.done():
-            writing = [p for p in self._writing() if p not in before]
+            writing = self._writing()
             if writing:
-                writer = self._rank0_pid()
-                if writer is not None:
-                    os.kill(writer, signal.SIGKILL)
-                    try:
-                        size = writing[0].stat().st_size
-                    except OSError:
-                        size = None
-                    return {"target": writer, "file": writing[0].name, "bytes_written": size}
+                writer = int(writing[0].name.rpartition("-")[2])
+                os.kill(writer, signal.SIGKILL)
+                try:
+                    size = writing[0].stat().st_size
+                except OSError:
+                    size = None
+                return {"target": writer, "file": writing[0].name, "bytes_written": size}
             time.sleep(0.002)
         return {"missed": "no checkpoint write seen"}
 
-    def _rank0_pid(self) -> int | None:
-        try:
-            pid = json.loads((self.out / "progress-rank0.json").read_text())["pid"]
-        except (OSError, json.JSONDecodeError):
-            return None
-        return pid if _alive(pid) else None
-
-    def _tear(self) -> dict[str, Any]:
-        ckpts = sorted((self.out / "ckpt").glob("last*.ckpt"), key=lambda p: p.stat().st_mtime)
-        if not ckpts:
-            return {"missed": "no checkpoint yet"}
-        newest = ckpts[-1]
+    def _tear(self, timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while not (self.out / "ckpt" / "last.ckpt").exists():
+            if time.monotonic() > deadline or self.done():
+                return {"missed": "no checkpoint yet"}
+            time.sleep(0.1)
+        newest = self.out / "ckpt" / "last.ckpt"
         size = newest.stat().st_size
         with open(newest, "r+b") as f:
             f.truncate(size // 2)
@@ -351,7 +347,12 @@ def run_soak(
     finally:
         soak.stop_all()
     exit_codes = {name: agent.returncode for name, agent in soak.agents.items()}
-    return {"faults": soak.faults, "finished": finished and soak.done(), "exit_codes": exit_codes}
+    return {
+        "faults": soak.faults,
+        "not_injected": plan,
+        "finished": finished and soak.done(),
+        "exit_codes": exit_codes,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,6 +400,8 @@ def evaluate(out: Path, cfg: dict[str, Any], reference: Generation, soak: dict[s
     problems: list[str] = []
     if not soak["finished"]:
         problems.append("the soak did not finish")
+    if soak["not_injected"]:
+        problems.append(f"the job finished before the planned faults {soak['not_injected']} (raise --steps)")
     generations = read_generations(out / "soak" / "records")
     done = (
         json.loads((out / "soak" / "done.json").read_text())

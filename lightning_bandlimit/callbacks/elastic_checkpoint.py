@@ -19,7 +19,7 @@ from lightning_bandlimit.callbacks._lightning import (
     last_saved_step,
     save_last_checkpoint,
 )
-from lightning_bandlimit.utils.checkpoint_io import newest_readable, remove_stale_temporaries
+from lightning_bandlimit.callbacks.checkpoint_io import newest_readable, remove_stale_temporaries
 from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["ElasticCheckpoint"]
@@ -37,7 +37,7 @@ class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
     the run starts fresh.
 
     A resume never reads a torn file: of the ``last`` checkpoints (``last.ckpt`` and, written by
-    :class:`~lightning_bandlimit.utils.checkpoint_io.DurableCheckpointIO` (the default of
+    :class:`~lightning_bandlimit.callbacks.checkpoint_io.DurableCheckpointIO` (the default of
     ``ElasticDDPStrategy``), the version it replaced, ``last.prev.ckpt``), the newest that loads
     whole is resumed; a skipped one is named in a warning. Temporary files of writers killed on
     this host are removed first.

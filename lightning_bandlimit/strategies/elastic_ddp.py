@@ -23,6 +23,12 @@ new size:
   (``elastic_resize.Snapshot``) and the rule is retried with a damped factor.
 * **CPU threads**: each process uses ``cores // local processes`` intra-op threads.
 
+* **Faults** (``preemption``): while training, SIGTERM only sets a flag; at each optimizer-step
+  boundary the ranks agree on it (one ``reduce``) and all stop at that step with exit status 143
+  (a failure to torchrun, so it restarts the group). Checkpoints are written by
+  :class:`~lightning_bandlimit.callbacks.checkpoint_io.DurableCheckpointIO` unless another
+  ``checkpoint_io`` is given, and at training start every rank must have resumed the same step.
+
 Checkpointing often enough, and on torchrun's SIGTERM, is the job of
 :class:`~lightning_bandlimit.callbacks.ElasticCheckpoint`; ``trainer.fit(..., ckpt_path="last")``
 resumes from it. Registered as ``Trainer(strategy="elastic_ddp")`` when this package is imported.
@@ -43,6 +49,7 @@ from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
+from lightning_bandlimit.callbacks.checkpoint_io import DurableCheckpointIO
 from lightning_bandlimit.strategies._lightning import (
     LauncherHook,
     check_lightning_shapes,
@@ -80,7 +87,6 @@ from lightning_bandlimit.strategies.scaling import (
 )
 from lightning_bandlimit.strategies.schedules import SampleSchedule
 from lightning_bandlimit.strategies.stability import StabilityGuard
-from lightning_bandlimit.utils.checkpoint_io import DurableCheckpointIO
 from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["ElasticDDPStrategy", "register_elastic_strategies"]
@@ -102,9 +108,12 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         seed: seed of the :class:`ElasticSampler`'s per-epoch permutations (used when the
             training loader shuffles); ``None``: the seed of the ``DistributedSampler`` Lightning
             would have used (from ``seed_everything``), else 0.
-        **kwargs: passed to ``DDPStrategy``.
+        **kwargs: passed to ``DDPStrategy``; ``checkpoint_io`` defaults to
+            :class:`~lightning_bandlimit.callbacks.checkpoint_io.DurableCheckpointIO`.
 
     Raises:
+        RuntimeError: at training start, if the ranks resumed different checkpoints (before any
+            step; torchrun restarts the group).
         ValueError: for an out-of-range argument; at training start (before any step, so no
             checkpoint is written) for a checkpoint that cannot continue here: a rule that does not
             apply to its optimizer, another per-device batch, another training-set size, or

@@ -5,6 +5,7 @@ from pathlib import Path
 import lightning
 import lightning.pytorch as pl
 import pytest
+import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_bandlimit.callbacks import ElasticCheckpoint
@@ -35,7 +36,7 @@ def test_the_last_checkpoint_is_found_in_the_default_directory(tmp_path: Path) -
     # ckpt_path="last" is resolved before setup: the hook gives the callback its directory first
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    (folder / "last.ckpt").write_bytes(b"")
+    torch.save({"global_step": 0}, folder / "last.ckpt")
     trainer = pl.Trainer(
         default_root_dir=tmp_path, callbacks=[ElasticCheckpoint()], accelerator="cpu", logger=False
     )
