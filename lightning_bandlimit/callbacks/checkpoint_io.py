@@ -7,8 +7,9 @@ is a copy (not atomic) when ``$TMPDIR`` is on another filesystem than the checkp
 nothing is synced, so a power cut can leave a short target.
 
 :class:`DurableCheckpointIO` writes a local checkpoint into a temporary file *beside* it, syncs
-it, keeps the version it replaces as ``<name>.prev<suffix>`` (a hard link: the target is never
-absent) and renames the new one into place; temporary files of dead writers are removed.
+it, renames the version it replaces to ``<name>.prev<suffix>`` and renames the new one into
+place (a kill between the two renames leaves the previous version only, which a resume takes);
+temporary files of dead writers are removed.
 :func:`newest_readable` picks, among candidate checkpoints, the newest that loads whole.
 """
 
@@ -126,12 +127,10 @@ class DurableCheckpointIO(TorchCheckpointIO):
 
     @staticmethod
     def _keep_previous(path: Path) -> None:
-        previous, link = previous_path(path), _temporary(previous_path(path))
-        try:
-            os.link(path, link)  # the old version under a second name; the target stays in place
-            os.replace(link, previous)
-        except OSError:  # a filesystem without hard links: no previous version is kept
-            link.unlink(missing_ok=True)
+        # A rename, not a hard link: two names on one inode would share any later damage (the
+        # soak tore last.ckpt in place after a kill between the two renames, and lost both).
+        # Until the new file is renamed in, only the previous one exists, and a resume takes it.
+        os.replace(path, previous_path(path))
 
     @override
     def remove_checkpoint(self, path: Any) -> None:

@@ -130,7 +130,7 @@ class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
             return candidates
         found, skipped = newest_readable(candidates)
         if found is None:
-            unreadable = "; ".join(f"{path} ({reason})" for path, reason in skipped)
+            unreadable = "; ".join(f"{path} ({reason.split('. ')[0]})" for path, reason in skipped)
             raise RuntimeError(f"ElasticCheckpoint: no last checkpoint can be read: {unreadable}")
         for path, reason in skipped:
             rank_zero_warn(

@@ -38,6 +38,30 @@ def test_a_save_keeps_the_version_it_replaces_and_no_temporary(tmp_path: Path) -
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_kill_between_the_two_renames_leaves_the_previous_version_on_its_own_inode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    io, path = DurableCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"global_step": 1}, path)
+    io.save_checkpoint({"global_step": 2}, path)
+    assert path.stat().st_ino != previous_path(path).stat().st_ino  # damage to one spares the other
+    real, calls = os.replace, []
+
+    def killed_after_the_first(src: str | Path, dst: str | Path) -> None:
+        calls.append(dst)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # stands in for SIGKILL between the renames
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", killed_after_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"global_step": 3}, path)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["last.prev.ckpt"]
+    found, skipped = newest_readable(tmp_path.iterdir())
+    assert found == previous_path(path) and torch.load(found)["global_step"] == 2 and not skipped
+
+
 def test_a_failed_save_leaves_the_old_checkpoint_whole_and_no_temporary(tmp_path: Path) -> None:
     io, path = DurableCheckpointIO(), tmp_path / "last.ckpt"
     io.save_checkpoint({"global_step": 1}, path)
