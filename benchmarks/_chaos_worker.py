@@ -160,7 +160,7 @@ def main() -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
-        strategy=ElasticDDPStrategy(rule=rule, guard=False, cpu_threads=1),
+        strategy=ElasticDDPStrategy(rule=rule, guard=False, cpu_threads=1, join_timeout=cfg["join_timeout"]),
         precision="64-true",
         max_steps=cfg["steps"],
         logger=False,

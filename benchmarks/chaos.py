@@ -35,10 +35,12 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -368,8 +370,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ballast-mb", type=float, default=24.0, help="checkpoint size, so writes can be hit"
     )
-    parser.add_argument("--out", type=Path, default=Path("chaos-out"))
+    parser.add_argument(
+        "--out", type=Path, default=None, help="the runs' folder (default: temporary, removed if all held)"
+    )
     parser.add_argument("--timeout", type=float, default=1500.0)
+    parser.add_argument(
+        "--join-timeout",
+        type=float,
+        default=20.0,
+        help="ElasticDDPStrategy(join_timeout=): a job this small forms in 2 s",
+    )
     parser.add_argument("--json", type=Path, default=HERE / "results" / "chaos.json")
     args = parser.parse_args(argv)
     cfg = {
@@ -380,7 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         "every": args.every,
         "step_sleep": args.step_sleep,
         "ballast_mb": args.ballast_mb,
+        "join_timeout": args.join_timeout,
     }
+    keep = args.out is not None
+    args.out = args.out or Path(tempfile.mkdtemp(prefix="chaos-"))
     t0 = time.monotonic()
     reference = run_reference(args.out / "reference", cfg, timeout=300)
     reference_wall = time.monotonic() - t0
@@ -393,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
     print(report(result))
+    if result["ok"] and not keep:
+        shutil.rmtree(args.out)
+    else:
+        print(f"records, checkpoints and agent logs: {args.out}")
     return 0 if result["ok"] else 1
 
 

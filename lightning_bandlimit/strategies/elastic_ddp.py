@@ -77,6 +77,7 @@ from lightning_bandlimit.strategies.elastic_resume import (
 )
 from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
 from lightning_bandlimit.strategies.exact_global_batch import ExactGlobalBatch, MicroBatchPlan
+from lightning_bandlimit.strategies.join_deadline import JoinDeadline
 from lightning_bandlimit.strategies.preemption import Preemption
 from lightning_bandlimit.strategies.scaling import (
     AdaScale,
@@ -87,7 +88,7 @@ from lightning_bandlimit.strategies.scaling import (
 )
 from lightning_bandlimit.strategies.schedules import SampleSchedule
 from lightning_bandlimit.strategies.stability import StabilityGuard
-from lightning_bandlimit.utils.validation import check_int
+from lightning_bandlimit.utils.validation import check_int, check_real
 
 __all__ = ["ElasticDDPStrategy", "register_elastic_strategies"]
 
@@ -108,6 +109,10 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         seed: seed of the :class:`ElasticSampler`'s per-epoch permutations (used when the
             training loader shuffles); ``None``: the seed of the ``DistributedSampler`` Lightning
             would have used (from ``seed_everything``), else 0.
+        join_timeout: seconds within which the process group must form (every rank connected)
+            under torchrun; past it the process exits with status 75 so that torchrun restarts the
+            group (a node lost during the rendezvous would otherwise hold the others for the whole
+            process-group ``timeout``, 30 minutes by default). ``None``: no bound.
         **kwargs: passed to ``DDPStrategy``; ``checkpoint_io`` defaults to
             :class:`~lightning_bandlimit.callbacks.checkpoint_io.DurableCheckpointIO`.
 
@@ -135,6 +140,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         guard: StabilityGuard | bool = True,
         cpu_threads: int | None = None,
         seed: int | None = None,
+        join_timeout: float | None = 180.0,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("checkpoint_io", DurableCheckpointIO())
@@ -143,6 +149,8 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
             check_int("per_device_batch", per_device_batch, minimum=1)
         if cpu_threads is not None:
             check_int("cpu_threads", cpu_threads, minimum=0)  # None: auto, 0: leave torch alone
+        if join_timeout is not None:
+            join_timeout = check_real("join_timeout", join_timeout, minimum=0.0, min_open=True)
         if rule is not None and not isinstance(rule, ScalingRule):
             raise TypeError(f"rule must be a ScalingRule, got {type(rule).__name__}")
         if isinstance(rule, ExactGlobalBatch) and per_device_batch is not None:
@@ -155,6 +163,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         self.guard: StabilityGuard | None = StabilityGuard() if guard is True else (guard or None)
         self.cpu_threads = cpu_threads
         self.seed = seed
+        self.join_timeout = join_timeout
         self.reference: TrainingConfig | None = None
         self.applied: TrainingConfig | None = None
         self.samples_seen = 0
@@ -198,7 +207,9 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
 
     @override
     def setup_environment(self) -> None:
-        super().setup_environment()
+        elastic = isinstance(self.cluster_environment, TorchElasticEnvironment)
+        with JoinDeadline(self.join_timeout if elastic else None, "the process group"):
+            super().setup_environment()
         if self.root_device.type == "cpu" and self.cpu_threads != 0:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", self.num_processes))
             threads = self.cpu_threads or max(1, len(os.sched_getaffinity(0)) // max(1, local))
