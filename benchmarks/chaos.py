@@ -99,6 +99,8 @@ class Soak:
             "127.0.0.1", self.port, is_master=True, wait_for_workers=False
         )
         self.agents: dict[str, subprocess.Popen] = {}
+        self.stopped: set[str] = set()  # agents the driver killed or terminated itself
+        self.replaced: list[dict[str, Any]] = []  # agents that failed on their own, replaced
         self.count = 0
         self.faults: list[dict[str, Any]] = []
         out.mkdir(parents=True, exist_ok=True)
@@ -123,7 +125,7 @@ class Soak:
                 "--rdzv-backend=c10d",
                 f"--rdzv-endpoint=127.0.0.1:{self.port}",
                 f"--rdzv-id={self.tag}",
-                "--rdzv-conf=join_timeout=120,last_call_timeout=1,close_timeout=10,is_host=0,"
+                "--rdzv-conf=join_timeout=120,last_call_timeout=1,close_timeout=10,is_host=0,read_timeout=15,"
                 "keep_alive_interval=1,keep_alive_max_attempt=3,heartbeat_timeout=3",
                 "--max-restarts=1000",
                 "--monitor-interval=0.5",
@@ -140,6 +142,36 @@ class Soak:
 
     def live(self) -> list[str]:
         return [n for n, p in self.agents.items() if p.poll() is None]
+
+    def supervise(self) -> None:
+        """Replace an agent that exited with an error the driver did not cause, as a cluster's
+        supervisor (Kubernetes, Slurm requeue) would: torchrun's agent itself gives up in some
+        rendezvous races (a peer that dies between the round's completion and the rank
+        assignment makes its store read time out), and a job with no agent left cannot go on."""
+        if self.done():
+            return
+        for name, agent in list(self.agents.items()):
+            code = agent.poll()
+            if (
+                code not in (None, 0)
+                and name not in self.stopped
+                and name not in {r["agent"] for r in self.replaced}
+            ):
+                log = (self.out / f"{name}.log").read_text(errors="replace").strip().splitlines()
+                reason = next((line for line in reversed(log) if "Error" in line), log[-1] if log else "")
+                self.replaced.append(
+                    {
+                        "agent": name,
+                        "exit_code": code,
+                        "t": time.time(),
+                        "reason": reason[-300:],
+                        "by": self.start_agent(),
+                    }
+                )
+                print(
+                    f"supervisor: {name} exited {code} on its own ({reason[-120:]}); started a replacement",
+                    flush=True,
+                )
 
     def done(self) -> bool:
         return (self.out / "done.json").exists()
@@ -168,7 +200,8 @@ class Soak:
     def wait_training(self, since: dict[str, Any] | None, deadline: float) -> None:
         """Until the job trains again after the fault ``since``: a step by a generation started
         after it (the fault's restart), or any step if the fault missed."""
-        while time.monotonic() < deadline and not self.done() and self.live():
+        while time.monotonic() < deadline and not self.done():
+            self.supervise()
             if since is None:
                 if self.step() >= 0:
                     return
@@ -206,11 +239,13 @@ class Soak:
             record["target"] = name
             if kind == "agent-kill":
                 workers = self.workers(name)
+                self.stopped.add(name)
                 os.killpg(self.agents[name].pid, signal.SIGKILL)
                 for pid in workers:
                     os.kill(pid, signal.SIGKILL)
                 record["workers"] = workers
             else:
+                self.stopped.add(name)
                 os.kill(self.agents[name].pid, signal.SIGTERM)
         elif kind == "worker-kill":
             workers = [pid for name in live for pid in self.workers(name)]
@@ -267,9 +302,12 @@ class Soak:
         return {"target": newest.name, "bytes_kept": size // 2, "of": size, "workers": workers}
 
 
-def _wait(soak: Soak, timeout: float) -> bool:
+def _wait(soak: Soak, timeout: float, supervise: bool = True) -> bool:
+    """Until every agent exited (replacing failed ones while the job is not done)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if supervise:
+            soak.supervise()
         if not soak.live():
             return True
         time.sleep(0.2)
@@ -293,8 +331,8 @@ def run_reference(out: Path, cfg: dict[str, Any], timeout: float) -> Generation:
     soak.start_agent()
     soak.start_agent()
     try:
-        if not _wait(soak, timeout) or not soak.done():
-            raise RuntimeError(f"the uninterrupted run did not finish; see {out}/agent*.log")
+        if not _wait(soak, timeout, supervise=False) or not soak.done() or soak.count != 2:
+            raise RuntimeError(f"the uninterrupted run did not finish on its own; see {out}/agent*.log")
     finally:
         soak.stop_all()
     generations = read_generations(out / "records")
@@ -318,6 +356,7 @@ def run_soak(
     last: dict[str, Any] | None = None
     try:
         while plan or lost:
+            soak.supervise()
             if soak.done() or time.monotonic() > deadline or not soak.live():
                 break
             # most faults hit a running job; one in four hits whatever is happening (a restart,
@@ -351,6 +390,7 @@ def run_soak(
     exit_codes = {name: agent.returncode for name, agent in soak.agents.items()}
     return {
         "faults": soak.faults,
+        "replaced_agents": soak.replaced,
         "not_injected": plan,
         "finished": finished and soak.done(),
         "exit_codes": exit_codes,
@@ -463,6 +503,7 @@ def evaluate(out: Path, cfg: dict[str, Any], reference: Generation, soak: dict[s
         "leftovers": leftovers,
         "torch_tmp_folders": torch_folders,
         "exit_codes": soak["exit_codes"],
+        "replaced_agents": soak["replaced_agents"],
         "tolerance": TOLERANCE,
     }
 
@@ -518,6 +559,11 @@ def report(result: dict[str, Any]) -> str:
         f"{result['surviving_steps']}, final weights max |diff| {w['max_abs_diff']} "
         f"(bitwise: {w['bitwise_equal']})"
     )
+    for replaced in result["replaced_agents"]:
+        lines.append(
+            f"agent {replaced['agent']} failed on its own (exit {replaced['exit_code']}), replaced: "
+            f"{replaced['reason'][-150:]}"
+        )
     lines.append("PASS" if result["ok"] else "FAIL:\n  " + "\n  ".join(result["problems"][:20]))
     return "\n".join(lines)
 
