@@ -92,6 +92,7 @@ class Soak:
 
     def __init__(self, out: Path, cfg: dict[str, Any], nnodes: str, tag: str) -> None:
         self.out, self.cfg, self.nnodes, self.tag = out, cfg, nnodes, tag
+        self.rdzv_id = tag
         self.port = _free_port()
         # The rendezvous store lives outside the agents, as a cluster's rendezvous service would:
         # an agent that hosts it takes the rendezvous down with it when it dies.
@@ -100,7 +101,7 @@ class Soak:
         )
         self.agents: dict[str, subprocess.Popen] = {}
         self.stopped: set[str] = set()  # agents the driver killed or terminated itself
-        self.replaced: list[dict[str, Any]] = []  # agents that failed on their own, replaced
+        self.relaunches: list[dict[str, Any]] = []  # after an agent failed on its own
         self.count = 0
         self.faults: list[dict[str, Any]] = []
         out.mkdir(parents=True, exist_ok=True)
@@ -124,7 +125,7 @@ class Soak:
                 "--nproc-per-node=1",
                 "--rdzv-backend=c10d",
                 f"--rdzv-endpoint=127.0.0.1:{self.port}",
-                f"--rdzv-id={self.tag}",
+                f"--rdzv-id={self.rdzv_id}",
                 "--rdzv-conf=join_timeout=120,last_call_timeout=1,close_timeout=10,is_host=0,read_timeout=15,"
                 "keep_alive_interval=1,keep_alive_max_attempt=3,heartbeat_timeout=3",
                 "--max-restarts=1000",
@@ -144,34 +145,48 @@ class Soak:
         return [n for n, p in self.agents.items() if p.poll() is None]
 
     def supervise(self) -> None:
-        """Replace an agent that exited with an error the driver did not cause, as a cluster's
-        supervisor (Kubernetes, Slurm requeue) would: torchrun's agent itself gives up in some
-        rendezvous races (a peer that dies between the round's completion and the rank
-        assignment makes its store read time out), and a job with no agent left cannot go on."""
+        """Relaunch the job's agents under a new rendezvous when one failed on its own, as a
+        cluster's job supervisor (a Kubernetes operator, a Slurm requeue) would.
+
+        torchrun's agent itself gives up in some rendezvous races (a peer that dies between a
+        round's completion and the rank assignment makes its store read time out), and an agent
+        that exits with an error other than a signal closes the rendezvous for every agent
+        (``launch_agent`` shuts it down), so the job cannot go on under that rendezvous id. The
+        live agents are stopped with SIGTERM (their workers checkpoint), two new ones start
+        under a new id, and the job resumes from its checkpoint.
+        """
         if self.done():
             return
-        for name, agent in list(self.agents.items()):
-            code = agent.poll()
-            if (
-                code not in (None, 0)
-                and name not in self.stopped
-                and name not in {r["agent"] for r in self.replaced}
-            ):
-                log = (self.out / f"{name}.log").read_text(errors="replace").strip().splitlines()
-                reason = next((line for line in reversed(log) if "Error" in line), log[-1] if log else "")
-                self.replaced.append(
-                    {
-                        "agent": name,
-                        "exit_code": code,
-                        "t": time.time(),
-                        "reason": reason[-300:],
-                        "by": self.start_agent(),
-                    }
-                )
-                print(
-                    f"supervisor: {name} exited {code} on its own ({reason[-120:]}); started a replacement",
-                    flush=True,
-                )
+        failed = [
+            name
+            for name, agent in self.agents.items()
+            if agent.poll() not in (None, 0) and name not in self.stopped
+        ]
+        if not failed:
+            return
+        reasons = {}
+        for name in failed:
+            self.stopped.add(name)
+            log = (self.out / f"{name}.log").read_text(errors="replace").strip().splitlines()
+            reasons[name] = next((line for line in reversed(log) if "Error" in line), log[-1] if log else "")[
+                -200:
+            ]
+        for name in self.live():
+            self.stopped.add(name)
+            os.kill(self.agents[name].pid, signal.SIGTERM)
+        for name in self.live():
+            try:
+                self.agents[name].wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                for pid in self.workers(name):
+                    os.kill(pid, signal.SIGKILL)
+                os.killpg(self.agents[name].pid, signal.SIGKILL)
+        self.rdzv_id = f"{self.tag}-{len(self.relaunches) + 1}"
+        started = [self.start_agent(), self.start_agent()]
+        self.relaunches.append(
+            {"t": time.time(), "failed": reasons, "rdzv_id": self.rdzv_id, "agents": started}
+        )
+        print(f"supervisor: relaunched under rendezvous {self.rdzv_id} after {reasons}", flush=True)
 
     def done(self) -> bool:
         return (self.out / "done.json").exists()
@@ -352,10 +367,9 @@ def run_soak(
     soak.start_agent()
     soak.start_agent()
     deadline = time.monotonic() + timeout
-    lost = 0  # agents lost and not yet replaced
     last: dict[str, Any] | None = None
     try:
-        while plan or lost:
+        while plan or len(soak.live()) < 2:  # every agent lost is followed by a rejoin
             soak.supervise()
             if soak.done() or time.monotonic() > deadline or not soak.live():
                 break
@@ -368,7 +382,7 @@ def run_soak(
             if soak.done():
                 break
             live = soak.live()
-            if lost and (len(live) < 2) and (not plan or rng.random() < 0.5):
+            if len(live) < 2 and (not plan or rng.random() < 0.5):
                 kind = "rejoin"
             else:
                 kind = next(
@@ -378,7 +392,6 @@ def run_soak(
                     plan.remove(kind)
             last = soak.inject(kind, rng)
             last["phase"] = phase
-            lost += {"agent-kill": 1, "agent-term": 1, "rejoin": -1}.get(kind, 0)
             soak.faults.append(last)
             print(
                 f"fault {len(soak.faults):2d}: {kind:11s} at step {last['step']:4d} {last.get('missed', '')}",
@@ -390,7 +403,7 @@ def run_soak(
     exit_codes = {name: agent.returncode for name, agent in soak.agents.items()}
     return {
         "faults": soak.faults,
-        "replaced_agents": soak.replaced,
+        "relaunches": soak.relaunches,
         "not_injected": plan,
         "finished": finished and soak.done(),
         "exit_codes": exit_codes,
@@ -503,7 +516,7 @@ def evaluate(out: Path, cfg: dict[str, Any], reference: Generation, soak: dict[s
         "leftovers": leftovers,
         "torch_tmp_folders": torch_folders,
         "exit_codes": soak["exit_codes"],
-        "replaced_agents": soak["replaced_agents"],
+        "relaunches": soak["relaunches"],
         "tolerance": TOLERANCE,
     }
 
@@ -559,10 +572,9 @@ def report(result: dict[str, Any]) -> str:
         f"{result['surviving_steps']}, final weights max |diff| {w['max_abs_diff']} "
         f"(bitwise: {w['bitwise_equal']})"
     )
-    for replaced in result["replaced_agents"]:
+    for relaunch in result["relaunches"]:
         lines.append(
-            f"agent {replaced['agent']} failed on its own (exit {replaced['exit_code']}), replaced: "
-            f"{replaced['reason'][-150:]}"
+            f"relaunched under a new rendezvous after torchrun's agents failed: {relaunch['failed']}"
         )
     lines.append("PASS" if result["ok"] else "FAIL:\n  " + "\n  ".join(result["problems"][:20]))
     return "\n".join(lines)
