@@ -142,6 +142,10 @@ class Soak:
         return name
 
     def live(self) -> list[str]:
+        """Running agents the driver has not stopped (one shutting down after SIGTERM is gone)."""
+        return [n for n, p in self.agents.items() if p.poll() is None and n not in self.stopped]
+
+    def running(self) -> list[str]:
         return [n for n, p in self.agents.items() if p.poll() is None]
 
     def supervise(self) -> None:
@@ -174,7 +178,7 @@ class Soak:
         for name in self.live():
             self.stopped.add(name)
             os.kill(self.agents[name].pid, signal.SIGTERM)
-        for name in self.live():
+        for name in self.running():
             try:
                 self.agents[name].wait(timeout=60)
             except subprocess.TimeoutExpired:
@@ -228,7 +232,7 @@ class Soak:
             time.sleep(0.2)
 
     def stop_all(self) -> None:
-        for name, agent in self.agents.items():
+        for name, agent in self.agents.items():  # stopped ones too: one may still shut down
             if agent.poll() is None:
                 for pid in self.workers(name):
                     os.kill(pid, signal.SIGKILL)
@@ -318,12 +322,12 @@ class Soak:
 
 
 def _wait(soak: Soak, timeout: float, supervise: bool = True) -> bool:
-    """Until every agent exited (replacing failed ones while the job is not done)."""
+    """Until every agent exited (relaunching after a failed one while the job is not done)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if supervise:
             soak.supervise()
-        if not soak.live():
+        if not soak.running():
             return True
         time.sleep(0.2)
     return False

@@ -8,8 +8,8 @@ nothing is synced, so a power cut can leave a short target.
 
 :class:`DurableCheckpointIO` writes a local checkpoint into a temporary file *beside* it, syncs
 it, renames the version it replaces to ``<name>.prev<suffix>`` and renames the new one into
-place (a kill between the two renames leaves the previous version only, which a resume takes);
-temporary files of dead writers are removed.
+place. :func:`recover_temporaries` settles what a killed writer left: a complete temporary
+(killed between the renames) is renamed into place, any other is removed.
 :func:`newest_readable` picks, among candidate checkpoints, the newest that loads whole.
 """
 
@@ -25,7 +25,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from typing_extensions import override
 
-__all__ = ["DurableCheckpointIO", "newest_readable", "previous_path", "remove_stale_temporaries"]
+__all__ = ["DurableCheckpointIO", "newest_readable", "previous_path", "recover_temporaries"]
 
 _TMP = ".tmp-"
 
@@ -60,26 +60,62 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temporaries(folder: str | Path) -> list[Path]:
-    """Remove the temporary files that writers on this host left in ``folder`` when killed.
+def _step(path: Path) -> int | None:
+    """The checkpoint's ``global_step`` if it loads whole, else ``None``."""
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception:  # any failure to load: not a usable checkpoint
+        return None
+    return int(loaded.get("global_step", 0)) if isinstance(loaded, dict) else 0
 
-    Only files of processes that no longer run on this host are touched (another host's writer
-    may still be writing on a shared filesystem).
+
+def recover_temporaries(folder: str | Path) -> tuple[list[Path], list[Path]]:
+    """Settle the temporary files that writers on this host left in ``folder`` when killed.
+
+    A writer killed between its two renames leaves a complete, synced temporary whose target
+    holds an older step (or is gone): that temporary is the newest checkpoint and is renamed into
+    place as the save would have done (the target it replaces becomes the previous version). Any
+    other temporary (cut short, or older than its target) is removed. Only files of processes
+    that no longer run on this host are touched (another host's writer may still be writing on
+    a shared filesystem).
 
     Returns:
-        The files removed.
+        ``(promoted targets, removed temporaries)``.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     dead = f"{folder}/.last.ckpt{_TMP}{socket.gethostname()}-999999999"
+        ...     torch.save({"global_step": 8}, dead)  # complete, never renamed
+        ...     promoted, removed = recover_temporaries(folder)
+        ...     [p.name for p in promoted], torch.load(f"{folder}/last.ckpt")["global_step"]
+        (['last.ckpt'], 8)
     """
-    removed = []
+    promoted: list[Path] = []
+    removed: list[Path] = []
     host = socket.gethostname()
     folder = Path(folder)
     if not folder.is_dir():
-        return removed
-    for path in folder.glob(f".*{_TMP}*"):
-        owner, _, pid = path.name.rpartition(_TMP)[2].rpartition("-")
-        if owner == host and pid.isdigit() and not _alive(int(pid)):
+        return promoted, removed
+    for path in sorted(folder.glob(f".*{_TMP}*")):
+        name, _, writer = path.name.rpartition(_TMP)
+        owner, _, pid = writer.rpartition("-")
+        if owner != host or not pid.isdigit() or _alive(int(pid)):
+            continue
+        target = folder / name.removeprefix(".")
+        step = _step(path)
+        current = _step(target) if target.exists() else None
+        if step is not None and (current is None or current < step):
+            if current is not None:
+                os.replace(target, previous_path(target))
+            os.replace(path, target)
+            promoted.append(target)
+        else:
             path.unlink(missing_ok=True)
             removed.append(path)
-    return removed
+    if promoted or removed:
+        _sync_folder(folder)
+    return promoted, removed
 
 
 def _sync_folder(folder: Path) -> None:

@@ -19,7 +19,7 @@ from lightning_bandlimit.callbacks._lightning import (
     last_saved_step,
     save_last_checkpoint,
 )
-from lightning_bandlimit.callbacks.checkpoint_io import newest_readable, remove_stale_temporaries
+from lightning_bandlimit.callbacks.checkpoint_io import newest_readable, recover_temporaries
 from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["ElasticCheckpoint"]
@@ -39,8 +39,9 @@ class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
     A resume never reads a torn file: of the ``last`` checkpoints (``last.ckpt`` and, written by
     :class:`~lightning_bandlimit.callbacks.checkpoint_io.DurableCheckpointIO` (the default of
     ``ElasticDDPStrategy``), the version it replaced, ``last.prev.ckpt``), the newest that loads
-    whole is resumed; a skipped one is named in a warning. Temporary files of writers killed on
-    this host are removed first.
+    whole is resumed; a skipped one is named in a warning. First, what writers killed on this host
+    left is settled: a complete temporary file (killed between its renames) is renamed into
+    place, any other removed.
 
     Args:
         dirpath: the checkpoint directory; ``None``: ``<default_root_dir>/checkpoints``.
@@ -103,6 +104,15 @@ class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
     @override
     def before_finding_last(self, trainer: pl.Trainer) -> None:
         self._fix_dirpath(trainer)  # ckpt_path="last" is resolved before setup
+        # one process per host settles killed writers' files (the ranks' agreement on the step
+        # resumed, checked by ElasticDDPStrategy, catches a rank that looked before it did)
+        if trainer.local_rank == 0 and self.dirpath is not None:
+            promoted, _ = recover_temporaries(self.dirpath)
+            for path in promoted:
+                rank_zero_warn(
+                    f"ElasticCheckpoint: {path} was complete in a killed writer's temporary file; "
+                    "renamed it into place"
+                )
 
     @override
     def on_before_optimizer_step(
@@ -124,8 +134,6 @@ class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
 
     @override
     def choose_last(self, trainer: pl.Trainer, candidates: set[str]) -> set[str]:
-        if self.dirpath is not None:
-            remove_stale_temporaries(self.dirpath)
         if not candidates:
             return candidates
         found, skipped = newest_readable(candidates)

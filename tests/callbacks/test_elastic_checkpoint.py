@@ -17,7 +17,7 @@ from lightning_bandlimit.callbacks.checkpoint_io import (
     DurableCheckpointIO,
     newest_readable,
     previous_path,
-    remove_stale_temporaries,
+    recover_temporaries,
 )
 
 
@@ -78,8 +78,23 @@ def test_only_temporaries_of_dead_writers_on_this_host_are_removed(tmp_path: Pat
     elsewhere = tmp_path / f".last.ckpt.tmp-another-host-{_dead_pid()}"
     for path in (dead, alive, elsewhere):
         path.write_bytes(b"partial")
-    assert remove_stale_temporaries(tmp_path) == [dead]
+    assert recover_temporaries(tmp_path) == ([], [dead])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, elsewhere.name])
+
+
+def test_a_complete_temporary_newer_than_its_target_is_renamed_into_place(tmp_path: Path) -> None:
+    # the soak killed a writer between its renames and then tore the previous version: the
+    # newest checkpoint existed only as the (complete, synced) temporary
+    io, path = DurableCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"global_step": 4}, path)
+    stale = tmp_path / f".last.ckpt.tmp-{socket.gethostname()}-{_dead_pid()}"
+    torch.save({"global_step": 2}, stale)  # older than the target: removed
+    assert recover_temporaries(tmp_path) == ([], [stale])
+    newer = tmp_path / f".last.ckpt.tmp-{socket.gethostname()}-{_dead_pid()}"
+    torch.save({"global_step": 8}, newer)
+    assert recover_temporaries(tmp_path) == ([path], [])
+    assert torch.load(path)["global_step"] == 8 and torch.load(previous_path(path))["global_step"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "last.prev.ckpt"]
 
 
 def test_newest_readable_skips_a_torn_file_and_says_why(tmp_path: Path) -> None:

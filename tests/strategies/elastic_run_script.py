@@ -4,7 +4,8 @@ argv[1]: JSON with keys devices, max_steps, out (dir), tag, rule ("linear", "kee
 optional: resume ("last" or a path), dataset (96), batch (8), every (checkpoint every N steps),
 sigterm_at (send SIGTERM to every rank after this global step; with sigterm_rank, to that rank
 only), guard (bool), optimizer ("sgd"/"adam"),
-hidden (model width, to make an incompatible model), accumulation (1).
+hidden (model width, to make an incompatible model), accumulation (1), resume_rank1 (rank 1
+resumes this checkpoint instead of ``resume``).
 
 Each rank writes <out>/<tag>-rank<r>.json: the indices it trained on, per step, with the LR and
 the strategy's state, so the test can check exactly-once data, the schedule and the rule.
@@ -145,7 +146,8 @@ def main() -> None:
     )
     loader = DataLoader(Indexed(dataset), batch_size=cfg.get("batch", 8), shuffle=True)
     try:
-        trainer.fit(model, loader, ckpt_path=cfg.get("resume"))
+        resume = cfg.get("resume_rank1") if os.environ.get("LOCAL_RANK") == "1" else None
+        trainer.fit(model, loader, ckpt_path=resume or cfg.get("resume"))
     finally:
         strategy = trainer.strategy
         record = {

@@ -156,6 +156,27 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step(tmp_path: Path) -> Non
     assert min(t["step"] for t in trained) == 3
 
 
+@pytest.mark.slow
+def test_ranks_that_resumed_different_checkpoints_stop_before_any_step(tmp_path: Path) -> None:
+    # each rank resolves ckpt_path="last" on its own; a write between them would split the group
+    _launch(tmp_path, "a", devices=1, max_steps=4, every=2)
+    ckpt = tmp_path / "ckpt"
+    before = sorted(p.name for p in ckpt.iterdir())
+    proc = _launch(
+        tmp_path,
+        "b",
+        devices=2,
+        max_steps=8,
+        every=1,
+        resume=str(ckpt / "step=4.ckpt"),
+        resume_rank1=str(ckpt / "step=2.ckpt"),
+        expect_ok=False,
+    )
+    assert proc.returncode != 0
+    assert "the ranks resumed different checkpoints (global step, samples seen per rank: [[4," in proc.stderr
+    assert sorted(p.name for p in ckpt.iterdir()) == before  # nothing was written
+
+
 def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.rglob("*") if p.is_file()}
 
