@@ -79,6 +79,13 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # absent, or renamed away between two calls
+        return -1.0
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -102,6 +109,7 @@ class Soak:
         self.agents: dict[str, subprocess.Popen] = {}
         self.stopped: set[str] = set()  # agents the driver killed or terminated itself
         self.relaunches: list[dict[str, Any]] = []  # after an agent failed on its own
+        self.torn_at = 0.0
         self.count = 0
         self.faults: list[dict[str, Any]] = []
         out.mkdir(parents=True, exist_ok=True)
@@ -306,15 +314,21 @@ class Soak:
         return {"missed": "no checkpoint write seen"}
 
     def _tear(self, timeout: float = 30.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while not (self.out / "ckpt" / "last.ckpt").exists():
-            if time.monotonic() > deadline or self.done():
-                return {"missed": "no checkpoint yet"}
-            time.sleep(0.1)
+        """Cut the newest checkpoint in half, once one was written since the last tear (two
+        tears in a row would destroy both kept versions: a loss no resume can undo)."""
         newest = self.out / "ckpt" / "last.ckpt"
-        size = newest.stat().st_size
-        with open(newest, "r+b") as f:
-            f.truncate(size // 2)
+        deadline = time.monotonic() + timeout
+        while _mtime(newest) <= self.torn_at:
+            if time.monotonic() > deadline or self.done():
+                return {"missed": "no checkpoint written since the last tear"}
+            time.sleep(0.1)
+        self.torn_at = time.time()
+        try:
+            with open(newest, "r+b") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.truncate(size // 2)
+        except FileNotFoundError:  # renamed away by a save at this instant: tear the next one
+            return self._tear(timeout)
         workers = [pid for name in self.live() for pid in self.workers(name)]
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
