@@ -195,8 +195,8 @@ def _restarts(
     done = -1  # the highest step completed by any earlier generation
     saved = 0  # the newest checkpoint known complete
     restarts = []
+    micro_per_step = global_batch // micro_batch
     for previous, gen in zip(ordered, ordered[1:]):
-        micro_per_step = global_batch // micro_batch
         completed = previous.completed(micro_per_step)
         done = max([done, *completed])
         saved = max(saved, previous.saved)

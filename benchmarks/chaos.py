@@ -52,6 +52,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from _chaos_judge import Generation, judge, read_generations  # noqa: E402
 
+from lightning_bandlimit.callbacks.checkpoint_io import temporary_writer  # noqa: E402
+
 WORKER = HERE / "_chaos_worker.py"
 KINDS = ("worker-kill", "agent-kill", "agent-term", "write-kill", "torn")
 #: Final weights: the soak runs some steps on 1 process and some on 2, so a step's gradient is
@@ -190,9 +192,7 @@ class Soak:
             try:
                 self.agents[name].wait(timeout=60)
             except subprocess.TimeoutExpired:
-                for pid in self.workers(name):
-                    os.kill(pid, signal.SIGKILL)
-                os.killpg(self.agents[name].pid, signal.SIGKILL)
+                self.kill_agent(name)
         self.rdzv_id = f"{self.tag}-{len(self.relaunches) + 1}"
         started = [self.start_agent(), self.start_agent()]
         self.relaunches.append(
@@ -203,17 +203,20 @@ class Soak:
     def done(self) -> bool:
         return (self.out / "done.json").exists()
 
+    def kill_agent(self, name: str) -> list[int]:
+        """SIGKILL an agent and its workers (torchrun starts them in their own session); their pids."""
+        workers = self.workers(name)
+        os.killpg(self.agents[name].pid, signal.SIGKILL)
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        return workers
+
     def workers(self, agent: str) -> list[int]:
         return [pid for pid in _children(self.agents[agent].pid) if _alive(pid)]
 
     def step(self) -> int:
-        steps = [-1]
-        for path in self.out.glob("progress-rank*.json"):
-            try:
-                steps.append(json.loads(path.read_text())["step"])
-            except (OSError, json.JSONDecodeError, KeyError):
-                pass
-        return max(steps)
+        """The newest step any rank reported (-1 before any)."""
+        return max((p["step"] for p in self.progress()), default=-1)
 
     def progress(self) -> list[dict[str, Any]]:
         found = []
@@ -242,37 +245,30 @@ class Soak:
     def stop_all(self) -> None:
         for name, agent in self.agents.items():  # stopped ones too: one may still shut down
             if agent.poll() is None:
-                for pid in self.workers(name):
-                    os.kill(pid, signal.SIGKILL)
-                os.killpg(agent.pid, signal.SIGKILL)
+                self.kill_agent(name)
                 agent.wait()
 
     # ------------------------------------------------------------------ faults
 
     def inject(self, kind: str, rng: random.Random) -> dict[str, Any]:
         progress = sorted(self.progress(), key=lambda p: p["t"])
+        live = self.live()
         record: dict[str, Any] = {
             "kind": kind,
             "t": time.time(),
-            "step": self.step(),
+            "step": max((p["step"] for p in progress), default=-1),
             "generation": progress[-1]["generation"] if progress else None,
-            "live_agents": self.live(),
+            "live_agents": live,
         }
-        live = self.live()
         if kind == "rejoin":
             record["target"] = self.start_agent()
         elif kind in ("agent-kill", "agent-term"):
             name = rng.choice(live)
             record["target"] = name
+            self.stopped.add(name)
             if kind == "agent-kill":
-                workers = self.workers(name)
-                self.stopped.add(name)
-                os.killpg(self.agents[name].pid, signal.SIGKILL)
-                for pid in workers:
-                    os.kill(pid, signal.SIGKILL)
-                record["workers"] = workers
+                record["workers"] = self.kill_agent(name)
             else:
-                self.stopped.add(name)
                 os.kill(self.agents[name].pid, signal.SIGTERM)
         elif kind == "worker-kill":
             workers = [pid for name in live for pid in self.workers(name)]
@@ -289,27 +285,25 @@ class Soak:
         record["t"] = time.time()
         return record
 
-    def _writing(self) -> list[Path]:
-        """Checkpoint temporaries of live writers (``DurableCheckpointIO`` names them
-        ``.<name>.tmp-<host>-<pid>`` beside the target; a dead writer's are leftovers)."""
+    def _writing(self) -> list[tuple[Path, int]]:
+        """``(temporary, writer pid)`` of the checkpoints being written now (a dead writer's
+        temporaries are leftovers)."""
         ckpt = self.out / "ckpt"
-        found = ckpt.glob(".*.tmp-*") if ckpt.exists() else []
-        return [
-            p for p in found if p.name.rpartition("-")[2].isdigit() and _alive(int(p.name.rpartition("-")[2]))
-        ]
+        writers = [(p, temporary_writer(p)) for p in ckpt.iterdir()] if ckpt.exists() else []
+        return [(p, w[2]) for p, w in writers if w is not None and _alive(w[2])]
 
     def _kill_while_writing(self, timeout: float = 30.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self.done():
             writing = self._writing()
             if writing:
-                writer = int(writing[0].name.rpartition("-")[2])
+                path, writer = writing[0]
                 os.kill(writer, signal.SIGKILL)
                 try:
-                    size = writing[0].stat().st_size
+                    size = path.stat().st_size
                 except OSError:
                     size = None
-                return {"target": writer, "file": writing[0].name, "bytes_written": size}
+                return {"target": writer, "file": path.name, "bytes_written": size}
             time.sleep(0.002)
         return {"missed": "no checkpoint write seen"}
 

@@ -25,7 +25,13 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from typing_extensions import override
 
-__all__ = ["DurableCheckpointIO", "newest_readable", "previous_path", "recover_temporaries"]
+__all__ = [
+    "DurableCheckpointIO",
+    "newest_readable",
+    "previous_path",
+    "recover_temporaries",
+    "temporary_writer",
+]
 
 _TMP = ".tmp-"
 
@@ -45,6 +51,24 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}{_TMP}{socket.gethostname()}-{os.getpid()}")
 
 
+def temporary_writer(path: str | Path) -> tuple[Path, str, int] | None:
+    """``(target, host, pid)`` of a :class:`DurableCheckpointIO` temporary file, else ``None``.
+
+    Example:
+        >>> target, host, pid = temporary_writer("ckpt/.last.ckpt.tmp-node3-4242")
+        >>> target.as_posix(), host, pid
+        ('ckpt/last.ckpt', 'node3', 4242)
+        >>> temporary_writer("ckpt/last.ckpt") is None
+        True
+    """
+    path = Path(path)
+    name, tmp, writer = path.name.rpartition(_TMP)
+    host, _, pid = writer.rpartition("-")
+    if not tmp or not name.startswith(".") or not host or not pid.isdigit():
+        return None
+    return path.with_name(name.removeprefix(".")), host, int(pid)
+
+
 def _is_local(path: str | Path) -> bool:
     text = str(path)
     return "://" not in text or text.startswith("file://")
@@ -60,11 +84,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _load(path: Path) -> tuple[Any, str | None]:
+    """``(checkpoint, None)`` if ``path`` loads whole (on the CPU), else ``(None, why not)``."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False), None
+    except Exception as error:  # any failure to load means: not a usable checkpoint
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return None, f"{type(error).__name__}: {first.split('. ')[0]}"
+
+
 def _step(path: Path) -> int | None:
     """The checkpoint's ``global_step`` if it loads whole, else ``None``."""
-    try:
-        loaded = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception:  # any failure to load: not a usable checkpoint
+    loaded, failure = _load(path)
+    if failure is not None:
         return None
     return int(loaded.get("global_step", 0)) if isinstance(loaded, dict) else 0
 
@@ -98,11 +130,10 @@ def recover_temporaries(folder: str | Path) -> tuple[list[Path], list[Path]]:
     if not folder.is_dir():
         return promoted, removed
     for path in sorted(folder.glob(f".*{_TMP}*")):
-        name, _, writer = path.name.rpartition(_TMP)
-        owner, _, pid = writer.rpartition("-")
-        if owner != host or not pid.isdigit() or _alive(int(pid)):
+        writer = temporary_writer(path)
+        if writer is None or writer[1] != host or _alive(writer[2]):
             continue
-        target = folder / name.removeprefix(".")
+        target = writer[0]
         step = _step(path)
         current = _step(target) if target.exists() else None
         if step is not None and (current is None or current < step):
@@ -182,7 +213,7 @@ def newest_readable(candidates: Iterable[str | Path]) -> tuple[Path | None, list
     a torn or unreadable newest file is skipped for the one before it.
 
     Returns:
-        ``(path or None, [(unreadable path, reason), ...])``.
+        ``(path or None, [(unreadable path, reason: the error's first sentence), ...])``.
 
     Example:
         >>> import tempfile
@@ -200,11 +231,8 @@ def newest_readable(candidates: Iterable[str | Path]) -> tuple[Path | None, list
     )
     skipped: list[tuple[Path, str]] = []
     for path in paths:
-        try:
-            torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as error:  # any failure to load means: not this one
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            skipped.append((path, f"{type(error).__name__}: {reason}"))
-            continue
-        return path, skipped
+        _, failure = _load(path)
+        if failure is None:
+            return path, skipped
+        skipped.append((path, failure))
     return None, skipped

@@ -73,6 +73,7 @@ class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
         self._every_n_steps = check_int("every_n_train_steps", every_n_train_steps, minimum=1)
         # always ``last.ckpt``: a ``last-v1.ckpt`` beside a stale one would fork the resume chain
         kwargs.setdefault("enable_version_counter", False)
+        self._stepped = False  # an optimizer step since the last on_train_batch_end
         super().__init__(
             dirpath=dirpath,
             every_n_train_steps=every_n_train_steps,
@@ -127,7 +128,7 @@ class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
         # Only right after an optimizer step. Mid-accumulation the data position is inside a step;
         # Lightning would save there on the first micro-batch after a resume (its record of the
         # last step saved starts at 0), and a resume from that file would train that step short.
-        if not getattr(self, "_stepped", False):
+        if not self._stepped:
             return
         self._stepped = False
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -138,7 +139,7 @@ class ElasticCheckpoint(LastCheckpointHook, ModelCheckpoint):
             return candidates
         found, skipped = newest_readable(candidates)
         if found is None:
-            unreadable = "; ".join(f"{path} ({reason.split('. ')[0]})" for path, reason in skipped)
+            unreadable = "; ".join(f"{path} ({reason})" for path, reason in skipped)
             raise RuntimeError(f"ElasticCheckpoint: no last checkpoint can be read: {unreadable}")
         for path, reason in skipped:
             rank_zero_warn(
