@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.models import ImageClassifier
 from lightning_bandlimit.recipes.attack_suite import AttackSpec, derive_seed
-from lightning_bandlimit.recipes.fourier_heatmap import fourier_heat_map
+from lightning_bandlimit.recipes.evaluation.fourier_heatmap import fourier_heat_map
 from lightning_bandlimit.recipes.robustness import evaluate_robustness
 from lightning_bandlimit.utils.files import atomic_write_json
 from lightning_bandlimit.utils.versions import library_versions

@@ -48,8 +48,8 @@ import torch
 
 from lightning_bandlimit.main_job import DEFAULT_OVERRIDES
 from lightning_bandlimit.multitenant import JobResult, JobSpec, launch
+from lightning_bandlimit.recipes.results.study import DECISIVE_LOSS, aggregate, paired_differences, verdicts
 from lightning_bandlimit.recipes.robustness import main as robustness
-from lightning_bandlimit.recipes.study import DECISIVE_LOSS, aggregate, paired_differences, verdicts
 from lightning_bandlimit.utils.files import atomic_write_json
 
 MIB = 2**20

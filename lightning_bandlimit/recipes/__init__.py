@@ -5,21 +5,21 @@ side-by-side report (``lightning-bandlimit robustness``); its parts: the attack 
 band-restricted threat models (:class:`BandPGD`, :class:`BandNoise`), the Fourier heat map and
 the sanity checks; threat models in a model's own band (:func:`input_band`: what its input
 layer keeps and drops), and several checkpoints per variant with a computed verdict
-(:mod:`~lightning_bandlimit.recipes.study`).
+(:mod:`~lightning_bandlimit.recipes.results.study`).
 """
 
 from lightning_bandlimit.recipes.attack_suite import ATTACKS, AttackSpec, build_attack
-from lightning_bandlimit.recipes.band_attacks import BandNoise, BandPGD
-from lightning_bandlimit.recipes.fourier_heatmap import (
+from lightning_bandlimit.recipes.evaluation.fourier_heatmap import (
     fourier_basis,
     fourier_heat_map,
     save_heat_map,
     save_heat_map_difference,
 )
-from lightning_bandlimit.recipes.frequency_band import BANDS, band_mask, band_project
-from lightning_bandlimit.recipes.input_band import BandSubspace, InputBand, input_band
+from lightning_bandlimit.recipes.results.sanity import SanityCheck, SanityCheckError
 from lightning_bandlimit.recipes.robustness import RobustnessReport, evaluate_robustness, load_classifier
-from lightning_bandlimit.recipes.sanity import SanityCheck, SanityCheckError
+from lightning_bandlimit.recipes.threats.band_attacks import BandNoise, BandPGD
+from lightning_bandlimit.recipes.threats.frequency_band import BANDS, band_mask, band_project
+from lightning_bandlimit.recipes.threats.input_band import BandSubspace, InputBand, input_band
 
 __all__ = [
     "ATTACKS",

@@ -38,7 +38,7 @@ Full-strength defaults (torchattacks' own defaults are weak for evaluation; ``op
   Square keeps 5000 queries (``n_queries``); APGD-T / FAB-T target every other class
   (``n_target_classes``, default ``classes - 1``; the reference uses 9 on CIFAR-10).
 * ``gaussian_noise``: ``torchattacks.GN`` with ``std = eps``, clipped to ``[0, 1]``.
-* ``band_*``: from :mod:`lightning_bandlimit.recipes.band_attacks`; ``band`` is a name
+* ``band_*``: from :mod:`lightning_bandlimit.recipes.threats.band_attacks`; ``band`` is a name
   (``"low"``, ``"mid"``, ``"high"``, ``"full"``) or a ``(low, high)`` pair of normalised radial
   frequencies (default ``"high"``).
 
@@ -49,19 +49,22 @@ passed to the attacks that take one, so the same seed gives identical results.
 
 from __future__ import annotations
 
-from lightning_bandlimit.recipes.attack_registry import (
-    _REGISTRY,
-    ATTACKS,
+from lightning_bandlimit.recipes.threats.attack_info import (
     THREAT_BAND,
     THREAT_FULL,
     THREAT_NOISE,
     AttackInfo,
     Builder,
     Threat,
+)
+from lightning_bandlimit.recipes.threats.attack_registry import (
+    ATTACKS,
     attack_names,
     register_attack,
+    registered_attack,
+    unregister_attack,
 )
-from lightning_bandlimit.recipes.attack_spec import (
+from lightning_bandlimit.recipes.threats.attack_spec import (
     AttackSpec,
     build_attack,
     derive_seed,
@@ -72,7 +75,7 @@ from lightning_bandlimit.recipes.attack_spec import (
     spec_options,
     validate_attack_specs,
 )
-from lightning_bandlimit.recipes.cw_attack import CWMinNorm
+from lightning_bandlimit.recipes.threats.cw_attack import CWMinNorm
 
 __all__ = [
     "ATTACKS",
@@ -88,12 +91,12 @@ __all__ = [
     "build_attack",
     "derive_seed",
     "register_attack",
+    "registered_attack",
     "spec_band",
     "spec_band_name",
     "spec_model_band",
     "spec_norm",
     "spec_options",
+    "unregister_attack",
     "validate_attack_specs",
 ]
-
-_REGISTRY = _REGISTRY  # the registry's dict itself (tests add entries to it)

@@ -41,11 +41,11 @@ Attacks need gradients, which ``torch.inference_mode`` (Lightning's default in
 when called from inside a Lightning hook. Parameters are frozen (``requires_grad=False``) while
 it runs and restored afterwards, so no ``.grad`` of the models is touched.
 
-The pieces, one file each: :mod:`~.plan` (validation and resolution before any work),
-:mod:`~.loading` (modules and checkpoints), :mod:`~.evaluation_data` (the samples),
-:mod:`~.attack_subspaces` (attacks in a model's own band), :mod:`~.model_runner` (one model
-under every attack), :mod:`~.worst_case`, :mod:`~.result_store` (the results files) and
-:mod:`~.evaluation` (:func:`evaluate_robustness`, the sequence over them). This module is the
+The pieces live in three subpackages: :mod:`~.threats` (the attacks, their specifications and
+bands), :mod:`~.evaluation` (validation and resolution before any work in ``plan``, loading, the
+samples, attacks in a model's own band, one model under every attack, the worst case and
+:func:`evaluate_robustness` in ``evaluate``, the sequence over them) and :mod:`~.results` (the
+records, the sanity checks, the results files, the report and the study). This module is the
 recipe's front: its command line and the public names.
 
 Determinism: data order, attack random starts and noise draw from seeds derived from ``seed``
@@ -65,10 +65,10 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_bandlimit.main_summary import main_run_checkpoints
-from lightning_bandlimit.recipes.evaluation import RobustnessReport, evaluate_robustness, run_plan
-from lightning_bandlimit.recipes.loading import load_classifier, resolve_device
-from lightning_bandlimit.recipes.plan import EvaluationPlan, plan_evaluation
-from lightning_bandlimit.recipes.sanity import SanityCheckError
+from lightning_bandlimit.recipes.evaluation.evaluate import RobustnessReport, evaluate_robustness, run_plan
+from lightning_bandlimit.recipes.evaluation.loading import load_classifier, resolve_device
+from lightning_bandlimit.recipes.evaluation.plan import EvaluationPlan, plan_evaluation
+from lightning_bandlimit.recipes.results.sanity import SanityCheckError
 
 __all__ = [
     "RobustnessReport",

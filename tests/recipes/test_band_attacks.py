@@ -1,4 +1,4 @@
-"""Tests of :mod:`lightning_bandlimit.recipes.band_attacks` (band-restricted PGD and noise)."""
+"""Tests of :mod:`lightning_bandlimit.recipes.threats.band_attacks` (band-restricted PGD and noise)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torchattacks
 from tiny_task import BandFilter
 from torch import nn
 
-from lightning_bandlimit.recipes.band_attacks import BandNoise, BandPGD
-from lightning_bandlimit.recipes.frequency_band import band_mask
+from lightning_bandlimit.recipes.threats.band_attacks import BandNoise, BandPGD
+from lightning_bandlimit.recipes.threats.frequency_band import band_mask
 
 SHAPE = (3, 16, 16)
 BUDGETS = {"Linf": 8 / 255, "L2": 0.5}

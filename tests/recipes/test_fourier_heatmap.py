@@ -1,4 +1,4 @@
-"""Tests of :mod:`lightning_bandlimit.recipes.fourier_heatmap` (Yin et al. 2019 Fourier heat maps)."""
+"""Tests of :mod:`lightning_bandlimit.recipes.evaluation.fourier_heatmap` (Yin et al. 2019 heat maps)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import torch
 from tiny_task import BandFilter
 from torch import nn
 
-from lightning_bandlimit.recipes.fourier_heatmap import (
+from lightning_bandlimit.recipes.evaluation.fourier_heatmap import (
     _canonical_bins,
     fourier_basis,
     fourier_heat_map,
     save_heat_map,
 )
-from lightning_bandlimit.recipes.frequency_band import band_mask
+from lightning_bandlimit.recipes.threats.frequency_band import band_mask
 
 SIZES = [(8, 8), (7, 5), (6, 9), (1, 4), (2, 2)]
 

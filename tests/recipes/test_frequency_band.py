@@ -1,4 +1,4 @@
-"""Tests of :mod:`lightning_bandlimit.recipes.frequency_band` (radial bands, masks, projections)."""
+"""Tests of :mod:`lightning_bandlimit.recipes.threats.frequency_band` (radial bands, masks, projections)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lightning_bandlimit.recipes.frequency_band import (
+from lightning_bandlimit.recipes.threats.frequency_band import (
     BANDS,
     band_mask,
     band_project,

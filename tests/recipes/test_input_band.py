@@ -8,7 +8,7 @@ from torch import nn
 
 from lightning_bandlimit.layers import BandLimitedConv2d
 from lightning_bandlimit.models import ImageClassifier
-from lightning_bandlimit.recipes.input_band import input_band
+from lightning_bandlimit.recipes.threats.input_band import input_band
 from lightning_bandlimit.surgery import bandlimit
 
 torch.set_default_dtype(torch.float32)

@@ -14,12 +14,13 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchattacks.attack import Attack
 
-from lightning_bandlimit.recipes import attack_suite
 from lightning_bandlimit.recipes.attack_suite import (
     THREAT_BAND,
     THREAT_FULL,
     AttackInfo,
     AttackSpec,
+    attack_names,
+    registered_attack,
 )
 from lightning_bandlimit.recipes.robustness import (
     evaluate_robustness,
@@ -170,24 +171,26 @@ class Flaky(Attack):
         return images.clone()
 
 
-def test_a_crash_mid_run_keeps_the_records(
-    tmp_path: Path, model: nn.Module, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_crash_mid_run_keeps_the_records(tmp_path: Path, model: nn.Module) -> None:
     info = AttackInfo("flaky", lambda model, eps, **_: Flaky(model, eps), "Linf", THREAT_FULL, True, "radius")
-    monkeypatch.setitem(attack_suite._REGISTRY, "flaky", info)
-    out = tmp_path / "out"
-    with pytest.raises(RuntimeError, match="boom at the second eps"):
-        run({"m": model}, out, [AttackSpec("fgsm", eps=[0, 0.1]), AttackSpec("flaky", eps=[0.1, 0.2, 0.3])])
-    results = json.loads((out / "results.json").read_text())
-    assert results["status"] == "crashed" and "boom" in results["error"]
-    assert [(r["attack"], r["eps"]) for r in results["records"]] == [
-        ("fgsm", 0.0),
-        ("fgsm", 0.1),
-        ("flaky", 0.1),
-    ]
-    with (out / "results.csv").open() as stream:
-        assert len(list(csv.DictReader(stream))) == 3
-    assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary files
+    with registered_attack(info):
+        out = tmp_path / "out"
+        with pytest.raises(RuntimeError, match="boom at the second eps"):
+            run(
+                {"m": model},
+                out,
+                [AttackSpec("fgsm", eps=[0, 0.1]), AttackSpec("flaky", eps=[0.1, 0.2, 0.3])],
+            )
+        results = json.loads((out / "results.json").read_text())
+        assert results["status"] == "crashed" and "boom" in results["error"]
+        assert [(r["attack"], r["eps"]) for r in results["records"]] == [
+            ("fgsm", 0.0),
+            ("fgsm", 0.1),
+            ("flaky", 0.1),
+        ]
+        with (out / "results.csv").open() as stream:
+            assert len(list(csv.DictReader(stream))) == 3
+        assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary files
 
 
 def test_same_seed_same_records(tmp_path: Path, model: nn.Module) -> None:
@@ -217,9 +220,7 @@ def test_eps_zero_reproduces_clean_accuracy_for_every_attack(tmp_path: Path, mod
         "band_pgd": {"steps": 2},
         "band_pgd_l2": {"steps": 2},
     }
-    attacks = [
-        AttackSpec(name, eps=[0, 0.25], options=cheap.get(name, {})) for name in attack_suite.attack_names()
-    ]
+    attacks = [AttackSpec(name, eps=[0, 0.25], options=cheap.get(name, {})) for name in attack_names()]
     report = run({"m": model}, tmp_path / "out", attacks)
     zero = [r for r in report.records if r.eps == 0]
     assert len(zero) == len(attacks)

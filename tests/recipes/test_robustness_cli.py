@@ -19,15 +19,15 @@ from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.layers import BandLimitedConv2d
 from lightning_bandlimit.models import ImageClassifier
-from lightning_bandlimit.recipes import attack_suite
 from lightning_bandlimit.recipes.attack_suite import (
     THREAT_FULL,
     AttackInfo,
     AttackSpec,
+    registered_attack,
     validate_attack_specs,
 )
+from lightning_bandlimit.recipes.results.sanity import SanityCheckError
 from lightning_bandlimit.recipes.robustness import load_classifier, main, main_run_checkpoints
-from lightning_bandlimit.recipes.sanity import SanityCheckError
 
 PACKAGED = Path(__file__).resolve().parents[2] / "lightning_bandlimit" / "configs" / "robustness.yaml"
 STUDY = PACKAGED.parent / "robustness_study.yaml"
@@ -256,7 +256,6 @@ def test_command_line_error_and_help(tmp_path: Path) -> None:
 def test_cli_strict_exits_after_writing(
     tmp_path: Path,
     checkpoints: dict[str, Path],
-    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     class Broken(Attack):
@@ -269,28 +268,28 @@ def test_cli_strict_exits_after_writing(
     info = AttackInfo(
         "broken", lambda model, eps, **_: Broken(model, eps), "Linf", THREAT_FULL, True, "radius"
     )
-    monkeypatch.setitem(attack_suite._REGISTRY, "broken", info)
-    out = tmp_path / "out"
-    with pytest.raises(SanityCheckError, match="FAIL budget"):
-        main(
-            [
-                "--models",
-                json.dumps({"m": str(checkpoints["full-spectrum"])}),
-                "--data",
-                "SyntheticImageDataModule",
-                "--data.test_size",
-                "8",
-                "--attacks",
-                "[{name: broken, eps: [0]}]",
-                "--output_dir",
-                str(out),
-                "--heat_map",
-                "false",
-                "--progress",
-                "false",
-            ]
-        )
-    assert (out / "summary.md").is_file() and "**FAIL**" in capsys.readouterr().out
+    with registered_attack(info):
+        out = tmp_path / "out"
+        with pytest.raises(SanityCheckError, match="FAIL budget"):
+            main(
+                [
+                    "--models",
+                    json.dumps({"m": str(checkpoints["full-spectrum"])}),
+                    "--data",
+                    "SyntheticImageDataModule",
+                    "--data.test_size",
+                    "8",
+                    "--attacks",
+                    "[{name: broken, eps: [0]}]",
+                    "--output_dir",
+                    str(out),
+                    "--heat_map",
+                    "false",
+                    "--progress",
+                    "false",
+                ]
+            )
+        assert (out / "summary.md").is_file() and "**FAIL**" in capsys.readouterr().out
 
 
 def test_packaged_recipe_is_valid() -> None:

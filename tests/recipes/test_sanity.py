@@ -14,11 +14,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchattacks.attack import Attack
 
-from lightning_bandlimit.recipes import attack_suite
-from lightning_bandlimit.recipes.attack_suite import THREAT_FULL, AttackInfo, AttackSpec
-from lightning_bandlimit.recipes.records import RobustnessRecord
-from lightning_bandlimit.recipes.robustness import evaluate_robustness
-from lightning_bandlimit.recipes.sanity import (
+from lightning_bandlimit.recipes.attack_suite import THREAT_FULL, AttackInfo, AttackSpec, registered_attack
+from lightning_bandlimit.recipes.results.records import RobustnessRecord
+from lightning_bandlimit.recipes.results.sanity import (
     SanityCheck,
     SanityCheckError,
     check_budget,
@@ -27,6 +25,7 @@ from lightning_bandlimit.recipes.sanity import (
     check_large_budget,
     check_monotonic,
 )
+from lightning_bandlimit.recipes.robustness import evaluate_robustness
 
 
 @pytest.fixture(scope="module")
@@ -186,20 +185,18 @@ def test_eps_zero_check_trips_on_a_randomised_model(tmp_path: Path, model: nn.Mo
     assert "differ from the clean pass" in checks["eps_zero"].detail
 
 
-def test_eps_zero_check_trips_on_a_broken_attack(
-    tmp_path: Path, model: nn.Module, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_eps_zero_check_trips_on_a_broken_attack(tmp_path: Path, model: nn.Module) -> None:
     info = AttackInfo(
         "broken", lambda model, eps, **_: BrokenAttack(model, eps), "Linf", THREAT_FULL, True, "radius"
     )
-    monkeypatch.setitem(attack_suite._REGISTRY, "broken", info)
-    checks = _by_name(_evaluate(tmp_path, model, [AttackSpec("broken", eps=[0, 0.3])]))
-    assert not checks["eps_zero"].passed and "m/broken" in checks["eps_zero"].detail
-    assert (
-        not checks["budget"].passed
-        and "at eps 0: max L-inf 0.3 exceeds the budget" in checks["budget"].detail
-    )
-    assert checks["gradients"].passed
+    with registered_attack(info):
+        checks = _by_name(_evaluate(tmp_path, model, [AttackSpec("broken", eps=[0, 0.3])]))
+        assert not checks["eps_zero"].passed and "m/broken" in checks["eps_zero"].detail
+        assert (
+            not checks["budget"].passed
+            and "at eps 0: max L-inf 0.3 exceeds the budget" in checks["budget"].detail
+        )
+        assert checks["gradients"].passed
 
 
 def test_eps_zero_check_is_skipped_without_eps_zero(tmp_path: Path, model: nn.Module) -> None:

@@ -8,8 +8,8 @@ import statistics
 import pytest
 from scipy import stats
 
-from lightning_bandlimit.recipes.records import RobustnessRecord, WorstCaseRecord
-from lightning_bandlimit.recipes.study import (
+from lightning_bandlimit.recipes.results.records import RobustnessRecord, WorstCaseRecord
+from lightning_bandlimit.recipes.results.study import (
     aggregate,
     paired_differences,
     study_markdown,

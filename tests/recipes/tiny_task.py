@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from lightning_bandlimit.recipes.frequency_band import band_project
+from lightning_bandlimit.recipes.threats.frequency_band import band_project
 
 CLASSES = 4
 

@@ -2,7 +2,7 @@
 
 The store accumulates records, worst cases, sanity checks and heat-map entries, and
 :meth:`ResultStore.save` rewrites ``results.json`` and ``results.csv`` atomically
-(:func:`~lightning_bandlimit.recipes.report.write_results`), so a crash mid-run keeps what was
+(:func:`~lightning_bandlimit.recipes.results.report.write_results`), so a crash mid-run keeps what was
 computed, with ``"status": "crashed"`` and why.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning_bandlimit.recipes.records import RobustnessRecord, WorstCaseRecord
-from lightning_bandlimit.recipes.report import write_results
-from lightning_bandlimit.recipes.sanity import SanityCheck
+from lightning_bandlimit.recipes.results.records import RobustnessRecord, WorstCaseRecord
+from lightning_bandlimit.recipes.results.report import write_results
+from lightning_bandlimit.recipes.results.sanity import SanityCheck
 from lightning_bandlimit.utils.versions import library_versions
 
 __all__ = ["ResultStore"]

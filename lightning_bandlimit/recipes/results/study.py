@@ -33,7 +33,7 @@ from typing import Any
 
 from scipy import stats
 
-from lightning_bandlimit.recipes.report import markdown_table
+from lightning_bandlimit.recipes.results.report import markdown_table
 
 __all__ = [
     "DECISIVE_LOSS",

@@ -1,6 +1,6 @@
 """Attack specifications: a registered attack, its budgets, band and options, checked before any work.
 
-An :class:`AttackSpec` names an entry of :data:`~lightning_bandlimit.recipes.attack_registry.ATTACKS`;
+An :class:`AttackSpec` names an entry of :data:`~lightning_bandlimit.recipes.threats.attack_registry.ATTACKS`;
 the ``spec_*`` functions resolve what a run of it means (norm, band, options),
 :func:`validate_attack_specs` checks a list of them and :func:`build_attack` builds one run.
 """
@@ -17,10 +17,10 @@ from typing import Any
 from torch import nn
 from torchattacks.attack import Attack
 
-import lightning_bandlimit.recipes.attack_builders  # noqa: F401  (registers the built-in attacks)
-from lightning_bandlimit.recipes.attack_registry import _REGISTRY, AttackInfo, attack_names
-from lightning_bandlimit.recipes.frequency_band import resolve_band
-from lightning_bandlimit.recipes.input_band import MODEL_BANDS, BandSubspace
+from lightning_bandlimit.recipes.threats.attack_info import AttackInfo
+from lightning_bandlimit.recipes.threats.attack_registry import ATTACKS, attack_names
+from lightning_bandlimit.recipes.threats.frequency_band import resolve_band
+from lightning_bandlimit.recipes.threats.input_band import MODEL_BANDS, BandSubspace
 
 __all__ = [
     "AttackSpec",
@@ -58,9 +58,9 @@ class AttackSpec:
             numbers, or fractions written as strings (``"8/255"``, handy in YAML). Include 0 to
             run the eps = 0 sanity check.
         band: the frequency band of a ``band_*`` attack: a radial band (a name in
-            :data:`~lightning_bandlimit.recipes.frequency_band.BANDS` or ``[low, high]``,
+            :data:`~lightning_bandlimit.recipes.threats.frequency_band.BANDS` or ``[low, high]``,
             default ``"high"``), or a band defined by a model's input layer: ``"dropped"`` (what
-            it ignores) or ``"kept"`` (its box), see :mod:`~lightning_bandlimit.recipes.input_band`;
+            it ignores) or ``"kept"`` (its box), see :mod:`~lightning_bandlimit.recipes.threats.input_band`;
             must be ``None`` for the other attacks.
         options: constructor arguments overriding the entry's full-strength defaults (e.g.
             ``{"steps": 20}``); the accepted names are the keys of the entry's ``defaults``.
@@ -104,7 +104,7 @@ class AttackSpec:
         """The attack's name in the report: ``label``, else ``name`` (plus ``[band]`` for band attacks)."""
         if self.label:
             return self.label
-        banded = self.name in _REGISTRY and _REGISTRY[self.name].banded
+        banded = self.name in ATTACKS and ATTACKS[self.name].banded
         if self.band is None and not banded:
             return self.name
         if self.band is None or isinstance(self.band, str):
@@ -201,9 +201,9 @@ def spec_norm(spec: AttackSpec) -> str | None:
 
 
 def _info(spec: AttackSpec) -> AttackInfo:
-    if spec.name not in _REGISTRY:
+    if spec.name not in ATTACKS:
         raise ValueError(f"unknown attack {spec.name!r}; expected one of: {', '.join(attack_names())}")
-    return _REGISTRY[spec.name]
+    return ATTACKS[spec.name]
 
 
 def validate_attack_specs(specs: Sequence[AttackSpec | Mapping[str, Any]]) -> list[AttackSpec]:
@@ -245,9 +245,9 @@ def validate_attack_specs(specs: Sequence[AttackSpec | Mapping[str, Any]]) -> li
             spec = AttackSpec(**spec)
         if not isinstance(spec, AttackSpec):
             raise ValueError(f"expected an AttackSpec or a mapping of its fields, got {spec!r}")
-        if spec.name not in _REGISTRY:
+        if spec.name not in ATTACKS:
             raise ValueError(f"unknown attack {spec.name!r}; expected one of: {', '.join(attack_names())}")
-        info = _REGISTRY[spec.name]
+        info = ATTACKS[spec.name]
         unknown = sorted(set(spec.options) - set(info.defaults))
         if unknown:
             accepted = ", ".join(sorted(info.defaults)) or "none"
@@ -282,7 +282,7 @@ def validate_attack_specs(specs: Sequence[AttackSpec | Mapping[str, Any]]) -> li
         elif spec.band is not None:
             raise ValueError(
                 f"attack {spec.name!r} takes no band (band attacks: "
-                f"{', '.join(n for n in attack_names() if _REGISTRY[n].banded)}), got band={spec.band!r}"
+                f"{', '.join(n for n in attack_names() if ATTACKS[n].banded)}), got band={spec.band!r}"
             )
         checked.append(spec)
     keys = [s.key for s in checked]
@@ -312,7 +312,7 @@ def build_attack(
         num_classes: the model's number of output logits.
         seed: the run's seed (see :func:`derive_seed`), passed to attacks that take one.
         subspace: for ``band: dropped | kept``, that part of the source model's
-            :class:`~lightning_bandlimit.recipes.input_band.InputBand`.
+            :class:`~lightning_bandlimit.recipes.threats.input_band.InputBand`.
 
     Raises:
         ValueError: for an unknown name, an option out of range, or a model band without its

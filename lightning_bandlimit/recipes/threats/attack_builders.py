@@ -1,4 +1,4 @@
-"""The built-in attacks: torchattacks builders at full strength, registered in :data:`ATTACKS`.
+"""The built-in attacks: torchattacks builders at full strength, listed in :data:`BUILT_IN_ATTACKS`.
 
 See :mod:`~lightning_bandlimit.recipes.attack_suite` for the table of attacks and their
 full-strength defaults.
@@ -14,10 +14,10 @@ import torchattacks
 from torch import nn
 from torchattacks.attack import Attack
 
-from lightning_bandlimit.recipes.attack_registry import AttackInfo, Builder, Threat, register_attack
-from lightning_bandlimit.recipes.cw_attack import CWMinNorm
+from lightning_bandlimit.recipes.threats.attack_info import AttackInfo, Builder, Threat
+from lightning_bandlimit.recipes.threats.cw_attack import CWMinNorm
 
-__all__: list[str] = []
+__all__ = ["BUILT_IN_ATTACKS"]
 
 
 def _alpha(eps: float, options: Mapping[str, Any]) -> float:
@@ -102,7 +102,7 @@ def _build_band_pgd(norm: str) -> Builder:
     def build(
         model: nn.Module, eps: float, *, band: tuple[float, float], options: Mapping[str, Any], **_: Any
     ) -> Attack:
-        from lightning_bandlimit.recipes.band_attacks import BandPGD
+        from lightning_bandlimit.recipes.threats.band_attacks import BandPGD
 
         alpha = _alpha(eps, options)
         if eps == 0 and alpha == 0:
@@ -130,7 +130,7 @@ def _build_band_noise(
     options: Mapping[str, Any],
     **_: Any,
 ) -> Attack:
-    from lightning_bandlimit.recipes.band_attacks import BandNoise
+    from lightning_bandlimit.recipes.threats.band_attacks import BandNoise
 
     return BandNoise(
         model, eps=eps, band=band, norm=options["norm"], distribution=options["distribution"], seed=seed
@@ -140,7 +140,9 @@ def _build_band_noise(
 _PGD_DEFAULTS = {"steps": 50, "alpha": None, "random_start": True}
 _BAND_PGD_DEFAULTS = {**_PGD_DEFAULTS, "projection_rounds": 10}
 
-_BUILT_INS = (
+#: The built-in attacks, in the order of the table in :mod:`~lightning_bandlimit.recipes.attack_suite`;
+#: the registry (:mod:`~lightning_bandlimit.recipes.threats.attack_registry`) starts with them.
+BUILT_IN_ATTACKS: tuple[AttackInfo, ...] = (
     AttackInfo(
         "fgsm",
         _build_fgsm,
@@ -231,5 +233,3 @@ _BUILT_INS = (
         banded=True,
     ),
 )
-for _info in _BUILT_INS:
-    register_attack(_info)

@@ -20,9 +20,9 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from lightning_bandlimit.recipes.attack_registry import THREAT_BAND, THREAT_FULL, THREAT_NOISE
-from lightning_bandlimit.recipes.records import RobustnessRecord, WorstCaseRecord
-from lightning_bandlimit.recipes.sanity import SanityCheck
+from lightning_bandlimit.recipes.results.records import RobustnessRecord, WorstCaseRecord
+from lightning_bandlimit.recipes.results.sanity import SanityCheck
+from lightning_bandlimit.recipes.threats.attack_info import THREAT_BAND, THREAT_FULL, THREAT_NOISE
 from lightning_bandlimit.utils.files import atomic_write, atomic_write_json
 from lightning_bandlimit.utils.tables import markdown_table
 from lightning_bandlimit.utils.versions import library_versions

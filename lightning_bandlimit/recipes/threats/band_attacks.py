@@ -3,7 +3,7 @@
 :class:`BandPGD` and :class:`BandNoise` subclass :class:`torchattacks.attack.Attack`, so they run the
 model in eval mode, honour ``set_normalization_used`` and targeted modes like the stock attacks,
 and compose with :class:`torchattacks.MultiAttack`. Their perturbation ``adv - images`` lies in a
-radial frequency band (see :mod:`lightning_bandlimit.recipes.frequency_band`), in the eps ball, and
+radial frequency band (see :mod:`lightning_bandlimit.recipes.threats.frequency_band`), in the eps ball, and
 keeps the image in ``[0, 1]``, all three exactly (up to floating-point rounding).
 
 How the constraints are kept exactly. The band is a linear subspace ``S``; the eps ball and the
@@ -37,8 +37,8 @@ import torch
 from torch import nn
 from torchattacks.attack import Attack
 
-from lightning_bandlimit.recipes.frequency_band import band_project, resolve_band
-from lightning_bandlimit.recipes.input_band import BandSubspace
+from lightning_bandlimit.recipes.threats.frequency_band import band_project, resolve_band
+from lightning_bandlimit.recipes.threats.input_band import BandSubspace
 from lightning_bandlimit.utils.validation import check_choice, check_int, check_real
 
 __all__ = ["BandNoise", "BandPGD"]
@@ -195,8 +195,8 @@ class BandPGD(Attack):
         alpha: step size (``Linf``: of the projected sign step; ``L2``: L2 length of the step).
         steps: number of gradient steps (0 returns the random start, or the inputs without one).
         band: ``(low, high)`` in normalised radial frequency, a name in
-            :data:`~lightning_bandlimit.recipes.frequency_band.BANDS`, or a model's
-            :class:`~lightning_bandlimit.recipes.input_band.BandSubspace` (``band.dropped``:
+            :data:`~lightning_bandlimit.recipes.threats.frequency_band.BANDS`, or a model's
+            :class:`~lightning_bandlimit.recipes.threats.input_band.BandSubspace` (``band.dropped``:
             what its input layer ignores); recorded as :attr:`band`.
         norm: ``"Linf"`` or ``"L2"``.
         random_start: start from band-limited noise scaled to a uniform random fraction of eps.
@@ -211,7 +211,7 @@ class BandPGD(Attack):
 
     Example:
         >>> from torch import nn
-        >>> from lightning_bandlimit.recipes.frequency_band import band_project
+        >>> from lightning_bandlimit.recipes.threats.frequency_band import band_project
         >>> model = nn.Sequential(nn.Flatten(), nn.Linear(64, 3))
         >>> images, labels = torch.rand(4, 1, 8, 8), torch.tensor([0, 1, 2, 0])
         >>> attack = BandPGD(model, eps=8 / 255, alpha=2 / 255, steps=5, band="high")
@@ -314,8 +314,8 @@ class BandNoise(Attack):
         model: classifier (only used by torchattacks' bookkeeping, e.g. its device).
         eps: noise budget in ``norm``; 0 returns the inputs unchanged.
         band: ``(low, high)`` in normalised radial frequency, a name in
-            :data:`~lightning_bandlimit.recipes.frequency_band.BANDS`, or a model's
-            :class:`~lightning_bandlimit.recipes.input_band.BandSubspace` (``band.dropped``:
+            :data:`~lightning_bandlimit.recipes.threats.frequency_band.BANDS`, or a model's
+            :class:`~lightning_bandlimit.recipes.threats.input_band.BandSubspace` (``band.dropped``:
             what its input layer ignores); recorded as :attr:`band`.
         norm: ``"Linf"`` or ``"L2"``.
         distribution: ``"gaussian"`` (standard normal) or ``"uniform"`` (on ``[-1, 1]``) before the

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_bandlimit.recipes.attack_registry import THREAT_FULL
+from lightning_bandlimit.recipes.threats.attack_info import THREAT_FULL
 
 __all__ = ["RobustnessRecord", "WorstCaseRecord"]
 
@@ -32,8 +32,8 @@ class RobustnessRecord:
         clean_correct: samples classified correctly without attack.
         robust_correct: samples classified correctly under the attack.
         flipped: samples whose correctness differs from the clean pass.
-        clean_accuracy: ``clean_correct / n`` (torchmetrics).
-        robust_accuracy: ``robust_correct / n`` (torchmetrics).
+        clean_accuracy: ``clean_correct / n`` (in float64).
+        robust_accuracy: ``robust_correct / n`` (in float64).
         mean_l2: mean L2 norm of the perturbations, over all samples.
         mean_linf: mean L-inf norm of the perturbations, over all samples.
         max_l2: largest L2 norm.

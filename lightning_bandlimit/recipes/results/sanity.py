@@ -34,7 +34,7 @@ import torchattacks
 from torch import nn
 
 if TYPE_CHECKING:
-    from lightning_bandlimit.recipes.records import RobustnessRecord
+    from lightning_bandlimit.recipes.results.records import RobustnessRecord
 
 __all__ = [
     "SanityCheck",
@@ -103,7 +103,7 @@ def raise_on_failure(checks: Iterable[SanityCheck], where: str = "") -> None:
         >>> raise_on_failure([SanityCheck("gradients", False, "all zero", model="m")])
         Traceback (most recent call last):
         ...
-        lightning_bandlimit.recipes.sanity.SanityCheckError: 1 sanity check(s) failed:
+        lightning_bandlimit.recipes.results.sanity.SanityCheckError: 1 sanity check(s) failed:
           FAIL gradients [m]: all zero
     """
     failed = [c for c in checks if not c.passed]
@@ -124,7 +124,7 @@ def check_eps_zero(records: Iterable[RobustnessRecord], *, model: str | None = N
         model: only this model's records (all when ``None``).
 
     Example:
-        >>> from lightning_bandlimit.recipes.records import RobustnessRecord
+        >>> from lightning_bandlimit.recipes.results.records import RobustnessRecord
         >>> ok = RobustnessRecord.fabricate("m", "pgd", 0.0, n=10, clean_correct=8, robust_correct=8)
         >>> check_eps_zero([ok]).passed
         True
@@ -181,7 +181,7 @@ def check_monotonic(
         ValueError: for a negative tolerance.
 
     Example:
-        >>> from lightning_bandlimit.recipes.records import RobustnessRecord
+        >>> from lightning_bandlimit.recipes.results.records import RobustnessRecord
         >>> curve = [RobustnessRecord.fabricate("m", "pgd", e, n=10, robust_correct=c)
         ...          for e, c in [(0.0, 9), (0.1, 5), (0.2, 6), (0.3, 2)]]
         >>> check_monotonic(curve).passed  # 6 after 5: within one sample
@@ -236,7 +236,7 @@ def check_budget(records: Iterable[RobustnessRecord], *, model: str | None = Non
         model: only this model's records (all when ``None``).
 
     Example:
-        >>> from lightning_bandlimit.recipes.records import RobustnessRecord
+        >>> from lightning_bandlimit.recipes.results.records import RobustnessRecord
         >>> r = RobustnessRecord.fabricate("m", "pgd", 0.1, n=4, max_linf=0.25)
         >>> print(check_budget([r]))
         FAIL budget: m/pgd at eps 0.1: max L-inf 0.25 exceeds the budget

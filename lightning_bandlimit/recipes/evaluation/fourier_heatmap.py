@@ -302,7 +302,7 @@ def save_heat_map_difference(
 
     Three panels: ``limited``, ``full`` (error rate, 0..1) and ``limited - full`` (a diverging
     scale, -1..1: red where the band-limited model errs more). ``box = (f_h, f_w)`` in
-    cycles/pixel (:attr:`~lightning_bandlimit.recipes.input_band.InputBand.box`) is drawn on
+    cycles/pixel (:attr:`~lightning_bandlimit.recipes.threats.input_band.InputBand.box`) is drawn on
     every panel as the rectangle ``|f_y| <= f_h, |f_x| <= f_w``: the frequencies the band-limited
     model's input layer keeps.
 

@@ -1,7 +1,8 @@
-"""The attack registry: what each attack threatens, what its ``eps`` means, how it is built.
+"""What a registered attack is: its threat, norm, meaning of ``eps``, options and builder.
 
-:data:`ATTACKS` maps a name to its :class:`AttackInfo`; the built-ins are registered by
-:mod:`~lightning_bandlimit.recipes.attack_builders`, custom attacks with :func:`register_attack`.
+:class:`AttackInfo` is one entry of the registry
+(:data:`~lightning_bandlimit.recipes.threats.attack_registry.ATTACKS`); :class:`Threat` says
+what an attack threatens.
 """
 
 from __future__ import annotations
@@ -9,22 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from types import MappingProxyType
 from typing import Any
 
 from torchattacks.attack import Attack
 
-__all__ = [
-    "ATTACKS",
-    "THREAT_BAND",
-    "THREAT_FULL",
-    "THREAT_NOISE",
-    "AttackInfo",
-    "Builder",
-    "Threat",
-    "attack_names",
-    "register_attack",
-]
+__all__ = ["THREAT_BAND", "THREAT_FULL", "THREAT_NOISE", "AttackInfo", "Builder", "Threat"]
 
 
 class Threat(str, Enum):
@@ -96,48 +86,3 @@ class AttackInfo:
     def resolve_norm(self, options: Mapping[str, Any]) -> str | None:
         """The norm of a run: the ``norm`` option where the attack takes one, else :attr:`norm`."""
         return options.get("norm", self.norm) if "norm" in self.defaults else self.norm
-
-
-#: The registry: attack name -> :class:`AttackInfo` (read-only; see :func:`register_attack`).
-_REGISTRY: dict[str, AttackInfo] = {}
-ATTACKS: Mapping[str, AttackInfo] = MappingProxyType(_REGISTRY)
-
-
-def register_attack(info: AttackInfo, *, replace: bool = False) -> AttackInfo:
-    """Add an attack to :data:`ATTACKS` (for custom attacks; the built-ins are registered here).
-
-    Args:
-        info: the attack's entry.
-        replace: allow replacing an entry of the same name.
-
-    Returns:
-        ``info``.
-
-    Raises:
-        ValueError: if the name is taken and ``replace`` is false.
-
-    Example:
-        >>> info = AttackInfo(
-        ...     "fgsm_copy", ATTACKS["fgsm"].build, "Linf", Threat.FULL,
-        ...     iterative=False, eps_meaning="L-inf step",
-        ... )
-        >>> register_attack(info).name in ATTACKS
-        True
-        >>> _ = _REGISTRY.pop("fgsm_copy")
-    """
-    if info.name in _REGISTRY and not replace:
-        raise ValueError(
-            f"an attack named {info.name!r} is registered already; pass replace=True to replace it"
-        )
-    _REGISTRY[info.name] = info
-    return info
-
-
-def attack_names() -> list[str]:
-    """The registered attack names, sorted.
-
-    Example:
-        >>> attack_names()[:3]
-        ['autoattack', 'band_noise', 'band_pgd']
-    """
-    return sorted(_REGISTRY)

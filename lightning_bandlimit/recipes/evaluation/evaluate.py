@@ -22,27 +22,27 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from lightning_bandlimit.recipes.attack_subspaces import band_limited_variants
 from lightning_bandlimit.recipes.attack_suite import AttackSpec
-from lightning_bandlimit.recipes.loading import Source
-from lightning_bandlimit.recipes.model_runner import (
+from lightning_bandlimit.recipes.evaluation.attack_subspaces import band_limited_variants
+from lightning_bandlimit.recipes.evaluation.loading import Source
+from lightning_bandlimit.recipes.evaluation.model_runner import (
     RunContext,
     evaluate_model,
     frozen_parameters,
     runs_per_model,
 )
-from lightning_bandlimit.recipes.plan import EvaluationPlan, plan_evaluation
-from lightning_bandlimit.recipes.records import RobustnessRecord, WorstCaseRecord
-from lightning_bandlimit.recipes.report import plot_accuracy_vs_eps, summary_markdown
-from lightning_bandlimit.recipes.result_store import ResultStore
-from lightning_bandlimit.recipes.sanity import (
+from lightning_bandlimit.recipes.evaluation.plan import EvaluationPlan, plan_evaluation
+from lightning_bandlimit.recipes.results.records import RobustnessRecord, WorstCaseRecord
+from lightning_bandlimit.recipes.results.report import plot_accuracy_vs_eps, summary_markdown
+from lightning_bandlimit.recipes.results.result_store import ResultStore
+from lightning_bandlimit.recipes.results.sanity import (
     SanityCheck,
     SanityCheckError,
     check_budget,
     check_eps_zero,
     check_monotonic,
 )
-from lightning_bandlimit.recipes.study import study_markdown
+from lightning_bandlimit.recipes.results.study import study_markdown
 from lightning_bandlimit.utils.files import atomic_write
 
 __all__ = ["RobustnessReport", "evaluate_robustness", "run_plan"]
@@ -96,7 +96,7 @@ def _record_level_checks(plan: EvaluationPlan, store: ResultStore) -> None:
 
 def _heat_maps(plan: EvaluationPlan, store: ResultStore) -> dict[str, torch.Tensor]:
     """Each model's Fourier heat map, saved as PNG and NPY; model name -> the map (on CPU)."""
-    from lightning_bandlimit.recipes.fourier_heatmap import fourier_heat_map, save_heat_map
+    from lightning_bandlimit.recipes.evaluation.fourier_heatmap import fourier_heat_map, save_heat_map
 
     images = torch.cat([x for x, _ in plan.batches])[: plan.heat_map_limit]
     labels = torch.cat([y for _, y in plan.batches])[: plan.heat_map_limit]
@@ -130,7 +130,7 @@ def _heat_map_difference(
     plan: EvaluationPlan, grids: Mapping[str, torch.Tensor], limited: str, full: str
 ) -> Path:
     """Mean heat map per variant, and the band-limited minus full-spectrum difference with the kept box."""
-    from lightning_bandlimit.recipes.fourier_heatmap import save_heat_map_difference
+    from lightning_bandlimit.recipes.evaluation.fourier_heatmap import save_heat_map_difference
 
     means = {
         variant: torch.stack([grids[m.name] for m in plan.models if m.variant == variant]).mean(0)

@@ -28,14 +28,13 @@ from lightning_bandlimit.recipes.attack_suite import (
     spec_model_band,
     spec_norm,
 )
-from lightning_bandlimit.recipes.evaluated_model import EvaluatedModel
-from lightning_bandlimit.recipes.evaluation_data import Batches
-from lightning_bandlimit.recipes.input_band import BandSubspace
-from lightning_bandlimit.recipes.metrics import maximum, mean
-from lightning_bandlimit.recipes.records import RobustnessRecord
-from lightning_bandlimit.recipes.result_store import ResultStore
-from lightning_bandlimit.recipes.sanity import check_gradients, check_large_budget
-from lightning_bandlimit.recipes.worst_case import AttackOutcome, worst_case
+from lightning_bandlimit.recipes.evaluation.evaluated_model import EvaluatedModel
+from lightning_bandlimit.recipes.evaluation.evaluation_data import Batches
+from lightning_bandlimit.recipes.evaluation.worst_case import AttackOutcome, worst_case
+from lightning_bandlimit.recipes.results.records import RobustnessRecord
+from lightning_bandlimit.recipes.results.result_store import ResultStore
+from lightning_bandlimit.recipes.results.sanity import check_gradients, check_large_budget
+from lightning_bandlimit.recipes.threats.input_band import BandSubspace
 
 __all__ = ["RunContext", "evaluate_model", "frozen_parameters", "runs_per_model"]
 
@@ -161,12 +160,12 @@ def _record(
         clean_correct=int(clean.sum()),
         robust_correct=int(run.correct.sum()),
         flipped=int((run.correct != clean).sum()),
-        clean_accuracy=mean(clean.float()),
-        robust_accuracy=mean(run.correct.float()),
-        mean_l2=mean(run.l2),
-        mean_linf=mean(run.linf),
-        max_l2=maximum(run.l2),
-        max_linf=maximum(run.linf),
+        clean_accuracy=float(clean.double().mean()),
+        robust_accuracy=float(run.correct.double().mean()),
+        mean_l2=float(run.l2.double().mean()),
+        mean_linf=float(run.linf.double().mean()),
+        max_l2=float(run.l2.float().max()),
+        max_linf=float(run.linf.float().max()),
         seconds=run.seconds,
         seed=run.seed,
         variant=model.variant,

@@ -21,7 +21,6 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from lightning_bandlimit.recipes.attack_subspaces import derive_input_bands, resolve_attack_subspaces
 from lightning_bandlimit.recipes.attack_suite import (
     ATTACKS,
     AttackSpec,
@@ -32,10 +31,14 @@ from lightning_bandlimit.recipes.attack_suite import (
     spec_options,
     validate_attack_specs,
 )
-from lightning_bandlimit.recipes.evaluated_model import EvaluatedModel, replicates
-from lightning_bandlimit.recipes.evaluation_data import Batches, describe_data, read_batches
-from lightning_bandlimit.recipes.input_band import BandSubspace
-from lightning_bandlimit.recipes.loading import Source, load_source, resolve_device
+from lightning_bandlimit.recipes.evaluation.attack_subspaces import (
+    derive_input_bands,
+    resolve_attack_subspaces,
+)
+from lightning_bandlimit.recipes.evaluation.evaluated_model import EvaluatedModel, replicates
+from lightning_bandlimit.recipes.evaluation.evaluation_data import Batches, describe_data, read_batches
+from lightning_bandlimit.recipes.evaluation.loading import Source, load_source, resolve_device
+from lightning_bandlimit.recipes.threats.input_band import BandSubspace
 from lightning_bandlimit.surgery import bandlimited_layers
 from lightning_bandlimit.utils.validation import check_int, check_real
 
@@ -247,7 +250,7 @@ def plan_evaluation(
 ) -> EvaluationPlan:
     """Check and resolve everything an evaluation needs (see the module docstring); write nothing.
 
-    Arguments as :func:`~lightning_bandlimit.recipes.evaluation.evaluate_robustness`; must run
+    Arguments as :func:`~lightning_bandlimit.recipes.evaluation.evaluate.evaluate_robustness`; must run
     with gradients enabled and outside inference mode.
 
     Raises:

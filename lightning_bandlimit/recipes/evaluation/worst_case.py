@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from lightning_bandlimit.recipes.attack_suite import ATTACKS, AttackSpec, Threat, spec_band, spec_model_band
-from lightning_bandlimit.recipes.metrics import mean
-from lightning_bandlimit.recipes.records import WorstCaseRecord
+from lightning_bandlimit.recipes.results.records import WorstCaseRecord
 
 __all__ = ["AttackOutcome", "worst_case"]
 
@@ -77,7 +76,7 @@ def worst_case(
         key = _group_key(outcome, band_sources)
         if key is not None:
             groups.setdefault(key, []).append(outcome)
-    clean_accuracy = mean(clean.float())
+    clean_accuracy = float(clean.double().mean())
     records = []
     for (banded, norm, _, band), members in sorted(
         groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], tuple(map(str, kv[0][3] or ())))
@@ -97,7 +96,7 @@ def worst_case(
                 n=len(clean),
                 clean_accuracy=clean_accuracy,
                 robust_correct=int(robust.sum()),
-                robust_accuracy=mean(robust.float()),
+                robust_accuracy=float(robust.double().mean()),
                 variant=variant,
                 replicate=replicate,
                 band_name=band[0] if model_band else None,

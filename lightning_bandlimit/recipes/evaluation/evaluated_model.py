@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from lightning_bandlimit.recipes.input_band import InputBand
-from lightning_bandlimit.recipes.loading import LoadedClassifier, Source
+from lightning_bandlimit.recipes.evaluation.loading import LoadedClassifier, Source
+from lightning_bandlimit.recipes.threats.input_band import InputBand
 
 __all__ = ["EvaluatedModel", "replicates"]
 
@@ -48,7 +48,7 @@ class EvaluatedModel:
         """Its source, and the compression it was trained at, for the summary.
 
         Example:
-            >>> from lightning_bandlimit.recipes.loading import LoadedClassifier
+            >>> from lightning_bandlimit.recipes.evaluation.loading import LoadedClassifier
             >>> EvaluatedModel("bl", LoadedClassifier(nn.Identity(), "bl.ckpt", compression=0.5)).note()
             'bl.ckpt, band-limited at compression 0.5'
         """

@@ -1,0 +1,7 @@
+"""The results of the robustness recipe: records, checks, files and the study's verdict.
+
+``records`` (one record per model x attack x eps, and the worst case), ``sanity`` (the sanity
+checks), ``report`` (results.json / results.csv, the plot, summary.md), ``result_store`` (the
+results files, rewritten after every record) and ``study`` (replicates: mean +- std, paired
+differences, the verdict).
+"""
