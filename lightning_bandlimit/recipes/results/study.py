@@ -31,9 +31,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from scipy import stats
-
 from lightning_bandlimit.recipes.results.report import markdown_table
+from lightning_bandlimit.utils.stats import mean_interval, paired_difference
 
 __all__ = [
     "DECISIVE_LOSS",
@@ -150,10 +149,6 @@ class Paired:
         return math.isfinite(self.loss_half_width) and abs(self.loss_mean) > self.loss_half_width
 
 
-def _std(values: Sequence[float]) -> float:
-    return statistics.stdev(values) if len(values) > 1 else math.nan
-
-
 def _key(record: Any) -> tuple[str, str | None, float]:
     label = getattr(record, "attack", None) or "worst case (" + ", ".join(record.attacks) + ")"
     return label, record.norm, round(float(record.eps), 12)
@@ -187,7 +182,7 @@ def aggregate(records: Iterable[Any]) -> list[Aggregate]:
         rows = [members[i] for i in sorted(members)]
         accuracy = [r.robust_accuracy for r in rows]
         loss = [r.clean_accuracy - r.robust_accuracy for r in rows]
-        loss_mean, loss_std, loss_half = _mean_interval(loss)
+        losses = mean_interval(loss)
         out.append(
             Aggregate(
                 variant,
@@ -198,10 +193,10 @@ def aggregate(records: Iterable[Any]) -> list[Aggregate]:
                 len(rows),
                 statistics.fmean(r.clean_accuracy for r in rows),
                 statistics.fmean(accuracy),
-                _std(accuracy),
-                loss_mean,
-                loss_std,
-                loss_half,
+                mean_interval(accuracy).std,
+                losses.mean,
+                losses.std,
+                losses.half_width,
             )
         )
     return out
@@ -231,12 +226,13 @@ def paired_differences(records: Iterable[Any], a: str, b: str) -> list[Paired]:
         common = sorted(set(left) & set(right))
         if not common:
             continue
-        diffs = [left[i].robust_accuracy - right[i].robust_accuracy for i in common]
-        losses = [
-            (left[i].clean_accuracy - left[i].robust_accuracy)
-            - (right[i].clean_accuracy - right[i].robust_accuracy)
-            for i in common
-        ]
+        accuracy = paired_difference(
+            [left[i].robust_accuracy for i in common], [right[i].robust_accuracy for i in common]
+        )
+        loss = paired_difference(
+            [left[i].clean_accuracy - left[i].robust_accuracy for i in common],
+            [right[i].clean_accuracy - right[i].robust_accuracy for i in common],
+        )
         attack, norm, eps = key
         out.append(
             Paired(
@@ -246,21 +242,16 @@ def paired_differences(records: Iterable[Any], a: str, b: str) -> list[Paired]:
                 threat_class(left[common[0]]),
                 a,
                 b,
-                len(diffs),
-                *_mean_interval(diffs),
-                *_mean_interval(losses),
+                accuracy.n,
+                accuracy.mean,
+                accuracy.std,
+                accuracy.half_width,
+                loss.mean,
+                loss.std,
+                loss.half_width,
             )
         )
     return out
-
-
-def _mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """(mean, std, half width of the 95 % Student-t interval); nan std and width for one value."""
-    if len(values) < 2:
-        return statistics.fmean(values), math.nan, math.nan
-    std = statistics.stdev(values)
-    half = float(stats.t.ppf(0.975, len(values) - 1)) * std / math.sqrt(len(values)) if std > 0 else 0.0
-    return statistics.fmean(values), std, half
 
 
 @dataclass(frozen=True)
