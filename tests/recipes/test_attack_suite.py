@@ -80,24 +80,26 @@ def test_spec_parses_fractions_and_rejects_garbage() -> None:
     spec = AttackSpec("pgd", eps=[0, "8/255", 0.5, "1e-3"])
     assert spec.eps == [0.0, 8 / 255, 0.5, 0.001]
     assert AttackSpec("pgd", eps=0.1).eps == [0.1]  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="fraction such as '8/255', got 'eight'"):
+    with pytest.raises(ValueError, match="'eight'"):
         AttackSpec("pgd", eps=["eight"])
-    with pytest.raises(ValueError, match="got True"):
+    with pytest.raises(TypeError, match="True"):
         AttackSpec("pgd", eps=[True])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="None"):
+        AttackSpec("pgd", eps=[None])  # type: ignore[list-item]
 
 
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
         (AttackSpec("pgdd", eps=[0.1]), "unknown attack 'pgdd'; expected one of: autoattack, band_noise"),
-        (AttackSpec("pgd", eps=[]), r"non-empty list of distinct finite eps >= 0, got \[\]"),
-        (AttackSpec("pgd", eps=[-0.1]), r"eps >= 0, got \[-0.1\]"),
-        (AttackSpec("pgd", eps=[math.nan]), "finite eps"),
+        (AttackSpec("pgd", eps=[]), r"non-empty .*\[\]"),
+        (AttackSpec("pgd", eps=[-0.1]), r">= 0, got \[-0.1\]"),
+        (AttackSpec("pgd", eps=[math.nan]), "finite"),
         (AttackSpec("pgd", eps=[0.1, 0.1]), "distinct"),
-        (AttackSpec("fgsm", eps=[2.0]), "L-inf eps above 1 exceeds the \\[0, 1\\] image range, got 2.0"),
-        (AttackSpec("pgd", eps=[0.1], band="high"), "takes no band .* got band='high'"),
-        (AttackSpec("band_pgd", eps=[0.1], band="ultra"), "unknown band name 'ultra'"),
-        (AttackSpec("band_pgd", eps=[0.1], band=[0.6, 0.2]), "0 <= low < high <= 1"),
+        (AttackSpec("fgsm", eps=[2.0]), "L-inf eps above 1 .*2.0"),
+        (AttackSpec("pgd", eps=[0.1], band="high"), "takes no band .*'high'"),
+        (AttackSpec("band_pgd", eps=[0.1], band="ultra"), "'ultra'"),
+        (AttackSpec("band_pgd", eps=[0.1], band=[0.6, 0.2]), "low < high .*0.6"),
         (
             AttackSpec("pgd", eps=[0.1], options={"stepz": 3}),
             r"unknown options \['stepz'\]; accepted: alpha, random_start, steps",
@@ -207,14 +209,15 @@ def test_autoattack_runs_at_the_reference_strength() -> None:
     )
     assert all(a.norm == "L2" for a in l2._autoattack.attacks)
     assert l2._autoattack.attacks[0].steps == 20
-    with pytest.raises(ValueError, match="n_target_classes <= 6, got 100, 5000 and 9"):
-        build_attack(
-            AttackSpec("autoattack", eps=[0.1], options={"n_target_classes": 9}),
-            model,
-            0.1,
-            num_classes=7,
-            seed=0,
-        )
+    for options, error, match in (
+        ({"n_target_classes": 9}, ValueError, r"n_target_classes .*\[1, 6\], got 9"),
+        ({"n_queries": 0}, ValueError, "n_queries .*0"),
+        ({"steps": 2.5}, TypeError, "steps .*2.5"),
+    ):
+        with pytest.raises(error, match=match):
+            build_attack(
+                AttackSpec("autoattack", eps=[0.1], options=options), model, 0.1, num_classes=7, seed=0
+            )
 
 
 def test_cw_keeps_the_smallest_successful_perturbation() -> None:
@@ -235,8 +238,16 @@ def test_cw_keeps_the_smallest_successful_perturbation() -> None:
     both = fooled(grid) & fooled(single)
     assert (l2(grid)[both] <= l2(single)[both] + 1e-6).all()
     assert torch.equal(grid[~fooled(grid)], images[~fooled(grid)])  # unfooled samples stay clean
-    with pytest.raises(ValueError, match="positive constants"):
+    with pytest.raises(ValueError, match="c .*0.0"):
         CWMinNorm(model, c=[0.0])
+    with pytest.raises(ValueError, match="c .*\\[\\]"):
+        CWMinNorm(model, c=[])
+    with pytest.raises(ValueError, match="steps .*0"):
+        CWMinNorm(model, steps=0)
+    with pytest.raises(ValueError, match="lr .*-1"):
+        CWMinNorm(model, lr=-1)
+    with pytest.raises(TypeError, match="steps .*2.5"):
+        CWMinNorm(model, steps=2.5)
 
 
 def test_same_seed_same_adversarials() -> None:

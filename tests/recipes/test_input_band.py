@@ -134,16 +134,18 @@ def test_pixel_mixing_before_the_input_layer_is_refused(before: nn.Module, messa
 def test_bad_input() -> None:
     with pytest.raises(ValueError, match=r"reached by a \(3, 8, 8\) image"):
         input_band(nn.Sequential(nn.Flatten(), nn.Linear(192, 2)).eval(), (3, 8, 8))
-    with pytest.raises(
-        ValueError, match=r"expected image_shape \(C, H, W\) of positive integers, got \(8, 8\)"
-    ):
+    with pytest.raises(ValueError, match=r"image_shape .*\(8, 8\)"):
         input_band(nn.Conv2d(3, 4, 3), (8, 8))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"image_shape\[0\] .*0"):
+        input_band(nn.Conv2d(3, 4, 3), (0, 8, 8))
+    with pytest.raises(TypeError, match=r"image_shape\[1\] .*8.0"):
+        input_band(nn.Conv2d(3, 4, 3), (3, 8.0, 8))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"image_shape .*'3x8x8'"):
+        input_band(nn.Conv2d(3, 4, 3), "3x8x8")  # type: ignore[arg-type]
     band = input_band(bandlimit(nn.Sequential(nn.Conv2d(3, 4, 3)), 0.5).eval(), (3, 8, 8))
-    with pytest.raises(
-        ValueError, match=r"expected real images of size \(\.\.\., 8, 8\), got torch.float32 \(1, 3, 9, 9\)"
-    ):
+    with pytest.raises(ValueError, match=r"size \(\.\.\., 8, 8\), got torch.float32 \(1, 3, 9, 9\)"):
         band.dropped.project(torch.zeros(1, 3, 9, 9))
-    with pytest.raises(ValueError, match=r"expected a model band in \['dropped', 'kept'\], got 'high'"):
+    with pytest.raises(ValueError, match=r"model band .*'high'"):
         band.part("high")
 
 

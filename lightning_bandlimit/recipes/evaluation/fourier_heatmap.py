@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from lightning_bandlimit.utils.validation import check_int
+from lightning_bandlimit.utils.validation import check_int, check_real
 
 __all__ = ["fourier_basis", "fourier_heat_map", "save_heat_map", "save_heat_map_difference"]
 
@@ -154,9 +154,10 @@ def fourier_heat_map(
         ``(H // 2, W // 2)``, point-symmetric about it.
 
     Raises:
+        TypeError: if ``eps`` is not a real number or ``batch_size`` or ``seed`` not an int.
         ValueError: if the model is in training mode, images are not ``(N, C, H, W)`` floating
             values in ``[0, 1]``, labels do not match, or ``eps``, ``batch_size`` or ``seed`` is
-            invalid.
+            out of range.
 
     Example:
         >>> from torch import nn
@@ -168,11 +169,9 @@ def fourier_heat_map(
         (torch.Size([4, 4]), torch.float64, True)
     """
     _check_inputs(model, images, labels)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"eps must be a finite real number >= 0, got {eps!r}")
-    for name, value, minimum in (("batch_size", batch_size, 1), ("seed", seed, 0)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    check_real("eps", eps, minimum=0)
+    check_int("batch_size", batch_size, minimum=1)
+    check_int("seed", seed, minimum=0)
 
     n, channels, height, width = images.shape
     device, dtype = images.device, images.dtype

@@ -16,6 +16,7 @@ from torchattacks.attack import Attack
 
 from lightning_bandlimit.recipes.threats.attack_info import AttackInfo, Builder, Threat
 from lightning_bandlimit.recipes.threats.cw_attack import CWMinNorm
+from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["BUILT_IN_ATTACKS"]
 
@@ -75,14 +76,11 @@ def _build_autoattack(
         n_classes=num_classes,
         seed=seed,
     )
-    steps, queries = int(options["steps"]), int(options["n_queries"])
+    steps = check_int("autoattack steps", options["steps"], minimum=1)
+    queries = check_int("autoattack n_queries", options["n_queries"], minimum=1)
     targets = options["n_target_classes"]
-    targets = num_classes - 1 if targets is None else int(targets)
-    if steps < 1 or queries < 1 or not 1 <= targets <= num_classes - 1:
-        raise ValueError(
-            f"autoattack expects steps >= 1, n_queries >= 1 and 1 <= n_target_classes <= {num_classes - 1}, "
-            f"got {steps}, {queries} and {targets}"
-        )
+    targets = num_classes - 1 if targets is None else targets
+    targets = check_int("autoattack n_target_classes", targets, minimum=1, maximum=num_classes - 1)
     for inner in attack._autoattack.attacks:
         inner.seed = seed
         if isinstance(inner, (torchattacks.APGD, torchattacks.APGDT, torchattacks.FAB)):

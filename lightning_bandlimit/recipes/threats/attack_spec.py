@@ -36,16 +36,16 @@ __all__ = [
 
 
 def _parse_eps(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"expected a number or a fraction such as '8/255', got {value!r}")
-    if isinstance(value, (int, float)):
+    if not isinstance(value, str):  # a type check only: the range is checked by validate_attack_specs
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(
+                f"eps must be a number or a fraction such as '8/255', got {value!r} ({type(value).__name__})"
+            )
         return float(value)
-    if isinstance(value, str):
-        try:
-            return float(Fraction(value.strip()))
-        except (ValueError, ZeroDivisionError):
-            pass
-    raise ValueError(f"expected a number or a fraction such as '8/255', got {value!r}")
+    try:
+        return float(Fraction(value.strip()))
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(f"eps must be a number or a fraction such as '8/255', got {value!r}") from None
 
 
 @dataclass
@@ -71,7 +71,8 @@ class AttackSpec:
             default: the one band-limited model of the evaluation.
 
     Raises:
-        ValueError: if an ``eps`` is neither a number nor a fraction string.
+        TypeError: if an ``eps`` is neither a number nor a string (a ``bool`` is not a number).
+        ValueError: if an ``eps`` string is not a fraction.
 
     Example:
         >>> spec = AttackSpec("pgd", eps=[0, "8/255"], options={"steps": 20})
@@ -277,8 +278,8 @@ def validate_attack_specs(specs: Sequence[AttackSpec | Mapping[str, Any]]) -> li
         if info.banded:
             try:
                 _radial_band(spec, info)
-            except ValueError as error:  # name the model bands too
-                raise ValueError(f"{error}; or a model's band: {', '.join(MODEL_BANDS)}") from None
+            except (TypeError, ValueError) as error:  # name the model bands too
+                raise type(error)(f"{error}; or a model's band: {', '.join(MODEL_BANDS)}") from None
         elif spec.band is not None:
             raise ValueError(
                 f"attack {spec.name!r} takes no band (band attacks: "
@@ -315,6 +316,7 @@ def build_attack(
             :class:`~lightning_bandlimit.recipes.threats.input_band.InputBand`.
 
     Raises:
+        TypeError: for an option of the wrong type (e.g. a float number of steps).
         ValueError: for an unknown name, an option out of range, or a model band without its
             ``subspace`` (or of another part).
 

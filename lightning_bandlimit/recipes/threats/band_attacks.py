@@ -205,6 +205,7 @@ class BandPGD(Attack):
             budget). Each round costs one FFT pair on the batch.
 
     Raises:
+        TypeError: on an argument of the wrong type.
         ValueError: on an invalid argument (the message gives the expected and the given value),
             or, when called, on images that are not floating tensors of shape ``(N, ..., H, W)``
             with values in ``[0, 1]``.
@@ -242,7 +243,7 @@ class BandPGD(Attack):
         resolved, project, full = _resolve(band)
         norm = check_choice("norm", norm, NORMS)
         if not isinstance(random_start, bool):
-            raise ValueError(f"random_start must be a bool, got {random_start!r}")
+            raise TypeError(f"random_start must be a bool, got {random_start!r}")
         projection_rounds = check_int("projection_rounds", projection_rounds, minimum=0)
         super().__init__("BandPGD", model)
         self._project, self._full = project, full
@@ -325,6 +326,7 @@ class BandNoise(Attack):
             ``[0, 1]``.
 
     Raises:
+        TypeError: on an argument of the wrong type.
         ValueError: on an invalid argument (the message gives the expected and the given value),
             or, when called, on images that are not floating tensors of shape ``(N, ..., H, W)``
             with values in ``[0, 1]``.
@@ -355,8 +357,8 @@ class BandNoise(Attack):
         resolved, project, full = _resolve(band)
         norm = check_choice("norm", norm, NORMS)
         distribution = check_choice("distribution", distribution, DISTRIBUTIONS)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise ValueError(f"seed must be None or a non-negative integer, got {seed!r}")
+        if seed is not None:
+            seed = check_int("seed", seed, minimum=0)
         projection_rounds = check_int("projection_rounds", projection_rounds, minimum=0)
         super().__init__("BandNoise", model)
         self._project, self._full = project, full

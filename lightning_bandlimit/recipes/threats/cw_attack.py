@@ -10,6 +10,8 @@ import torchattacks
 from torch import nn
 from torchattacks.attack import Attack
 
+from lightning_bandlimit.utils.validation import check_int, check_real
+
 __all__ = ["CWMinNorm"]
 
 
@@ -29,7 +31,8 @@ class CWMinNorm(Attack):
         lr: Adam learning rate (in tanh space).
 
     Raises:
-        ValueError: for a non-positive constant, steps or learning rate.
+        TypeError: for a constant, ``kappa``, ``steps`` or ``lr`` of the wrong type.
+        ValueError: for no constant, or a non-positive constant, steps or learning rate.
 
     Example:
         >>> model = nn.Sequential(nn.Flatten(), nn.Linear(12, 3)).eval()
@@ -47,12 +50,15 @@ class CWMinNorm(Attack):
         lr: float = 0.01,
     ) -> None:
         super().__init__("CWMinNorm", model)
-        constants = [float(c)] if isinstance(c, (int, float)) else [float(v) for v in c]
-        if not constants or min(constants) <= 0 or int(steps) < 1 or lr <= 0:
-            raise ValueError(
-                f"expected positive constants c, steps >= 1 and lr > 0, got c={c!r}, steps={steps}, lr={lr}"
-            )
-        self.c, self.kappa, self.steps, self.lr = tuple(constants), float(kappa), int(steps), float(lr)
+        values = [c] if isinstance(c, (int, float)) else list(c)
+        if not values:
+            raise ValueError(f"c must be a positive constant or a non-empty list of them, got {c!r}")
+        constants = [check_real("c", v, minimum=0, min_open=True) for v in values]
+        self.c, self.kappa = tuple(constants), check_real("kappa", kappa)
+        self.steps, self.lr = (
+            check_int("steps", steps, minimum=1),
+            check_real("lr", lr, minimum=0, min_open=True),
+        )
         self.supported_mode = ["default"]
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -13,13 +13,12 @@ The named bands in :data:`BANDS` partition the spectrum: ``low | mid | high == f
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from types import MappingProxyType
 
 import torch
 
-from lightning_bandlimit.utils.validation import check_int
+from lightning_bandlimit.utils.validation import check_int, check_real
 
 __all__ = ["BANDS", "band_mask", "band_project", "radial_frequency", "resolve_band"]
 
@@ -45,8 +44,9 @@ def resolve_band(band: str | tuple[float, float]) -> tuple[float, float]:
         The band as a pair of floats.
 
     Raises:
-        ValueError: if the name is unknown (the message lists the names) or the pair is not
-            two real numbers with ``0 <= low < high <= 1``.
+        TypeError: if ``band`` is neither a name nor a pair, or an end is not a real number.
+        ValueError: if the name is unknown (the message lists the names), the pair has not two
+            ends, or they are not finite with ``0 <= low < high <= 1``.
 
     Example:
         >>> resolve_band("high")
@@ -60,16 +60,13 @@ def resolve_band(band: str | tuple[float, float]) -> tuple[float, float]:
                 f"unknown band name {band!r}; expected one of {sorted(BANDS)} or a (low, high) pair"
             )
         return BANDS[band]
-    if (
-        not isinstance(band, (tuple, list))
-        or len(band) != 2
-        or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in band)
-    ):
-        raise ValueError(
-            f"band must be a name in {sorted(BANDS)} or a pair (low, high) of real numbers, got {band!r}"
-        )
-    low, high = float(band[0]), float(band[1])
-    if not (math.isfinite(low) and math.isfinite(high) and 0.0 <= low < high <= 1.0):
+    expected = f"band must be a name in {sorted(BANDS)} or a pair (low, high) of real numbers, got {band!r}"
+    if not isinstance(band, (tuple, list)):
+        raise TypeError(expected)
+    if len(band) != 2:
+        raise ValueError(expected)
+    low, high = check_real("band low", band[0]), check_real("band high", band[1])
+    if not 0.0 <= low < high <= 1.0:
         raise ValueError(f"band must satisfy 0 <= low < high <= 1, got (low, high) = ({low}, {high})")
     return low, high
 

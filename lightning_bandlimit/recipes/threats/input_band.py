@@ -37,6 +37,7 @@ from torch import nn
 from lightning_bandlimit.functional.band_projection import projection_plan
 from lightning_bandlimit.functional.geometry import resolve_geometry
 from lightning_bandlimit.layers import BandLimitedConv2d
+from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["MODEL_BANDS", "BandSubspace", "InputBand", "input_band"]
 
@@ -229,8 +230,10 @@ def input_band(
         The :class:`InputBand`; ``.kept`` and ``.dropped`` project images onto its two parts.
 
     Raises:
-        ValueError: when no ``nn.Conv2d`` is reached, the input layer sees another size than
-            the image's, or the check fails (the message names the layer and the change).
+        TypeError: if ``image_shape`` is not a sequence of ints.
+        ValueError: if ``image_shape`` has not three positive sizes, when no ``nn.Conv2d`` is
+            reached, the input layer sees another size than the image's, or the check fails (the
+            message names the layer and the change).
 
     Example:
         >>> from torch import nn
@@ -239,13 +242,13 @@ def input_band(
         >>> band.compression, band.dropped.is_empty
         (0.0, True)
     """
-    if (
-        not isinstance(image_shape, (tuple, list, torch.Size))
-        or len(image_shape) != 3
-        or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in image_shape)
-    ):
+    if not isinstance(image_shape, (tuple, list, torch.Size)):
+        raise TypeError(f"expected image_shape (C, H, W) of positive integers, got {image_shape!r}")
+    if len(image_shape) != 3:
         raise ValueError(f"expected image_shape (C, H, W) of positive integers, got {image_shape!r}")
-    channels, height, width = (int(v) for v in image_shape)
+    channels, height, width = (
+        check_int(f"image_shape[{i}]", v, minimum=1) for i, v in enumerate(image_shape)
+    )
     parameter = next(iter(model.parameters()), None)
     device = parameter.device if parameter is not None else torch.device("cpu")
     dtype = parameter.dtype if parameter is not None and parameter.is_floating_point() else torch.float32
