@@ -21,8 +21,10 @@ from lightning_bandlimit.recipes.attack_suite import (
     build_attack,
     derive_seed,
     register_attack,
+    registered_attack,
     spec_band,
     spec_norm,
+    unregister_attack,
     validate_attack_specs,
 )
 
@@ -271,3 +273,19 @@ def test_register_attack_refuses_duplicates() -> None:
         register_attack(info)
     with pytest.raises(ValueError, match="expected norm in"):
         AttackInfo("x", ATTACKS["fgsm"].build, "L1", THREAT_FULL, False, "step")
+
+
+def test_registered_attack_is_undone_and_unregister_attack_removes() -> None:
+    fgsm = ATTACKS["fgsm"]
+    copy = AttackInfo("fgsm_copy", fgsm.build, "Linf", THREAT_FULL, False, "step")
+    with registered_attack(copy):
+        assert ATTACKS["fgsm_copy"] is copy and "fgsm_copy" in attack_names()
+    assert "fgsm_copy" not in ATTACKS
+    stronger = AttackInfo("fgsm", fgsm.build, "Linf", THREAT_FULL, True, "step")
+    with registered_attack(stronger, replace=True):
+        assert ATTACKS["fgsm"] is stronger
+    assert ATTACKS["fgsm"] is fgsm  # the built-in is back
+    register_attack(copy)
+    assert unregister_attack("fgsm_copy") is copy and "fgsm_copy" not in ATTACKS
+    with pytest.raises(KeyError, match="fgsm_copy"):
+        unregister_attack("fgsm_copy")
