@@ -6,8 +6,7 @@ import itertools
 
 import pytest
 
-from lightning_bandlimit.strategies.exact_global_batch import ExactGlobalBatch, MicroBatchPlan
-from lightning_bandlimit.strategies.scaling import TrainingConfig
+from lightning_bandlimit.strategies import ExactGlobalBatch, MicroBatchPlan, TrainingConfig
 
 
 def _brute_force(global_batch: int, micro: list[int], max_acc: int, world: int) -> list[tuple[int, int]]:
