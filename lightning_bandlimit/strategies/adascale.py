@@ -11,8 +11,6 @@ Summing ``|local|^2`` and ``|global|^2`` over the buckets gives the two squared 
 al. 2018) at no extra backward pass.
 """
 
-from __future__ import annotations
-
 import math
 from collections.abc import Callable
 from typing import Any
@@ -66,7 +64,7 @@ class AdaScale(NoScaling):
     def __init__(self, smoothing: float = 0.1) -> None:
         self.smoothing = check_real("smoothing", smoothing, minimum=0.0, maximum=1.0, min_open=True)
 
-    def gain_tracker(self) -> AdaScaleTracker:
+    def gain_tracker(self) -> "AdaScaleTracker":
         """A tracker that measures the gain from the ranks' gradients (see the class docstring)."""
         return AdaScaleTracker(self.smoothing)
 
@@ -149,7 +147,7 @@ class GradientNormState:
 
 def gradient_norm_hook(
     state: GradientNormState, bucket: dist.GradBucket
-) -> torch.futures.Future[torch.Tensor]:
+) -> torch.futures.Future[torch.Tensor]:  # evaluated annotations: torch checks ``bucket``'s
     """All-reduce (mean) a gradient bucket like DDP's default hook, recording both squared norms.
 
     Register with ``ddp_model.register_comm_hook(GradientNormState(), gradient_norm_hook)``.

@@ -36,10 +36,9 @@ def test_an_unknown_format_is_refused_naming_the_checkpoint(found: object) -> No
         del saved["format"]
     else:
         saved["format"] = found
-    with pytest.raises(
-        ValueError, match=rf"last\.ckpt holds elastic state of format {found!r}.*format {FORMAT}"
-    ):
+    with pytest.raises(ValueError, match=r"last\.ckpt") as refused:  # names the checkpoint
         ResumeState.from_checkpoint(saved, "last.ckpt")
+    assert repr(found) in str(refused.value) and str(FORMAT) in str(refused.value)
 
 
 def test_apply_config_rescales_each_optimizer_once_and_every_schedule() -> None:
