@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from lightning_bandlimit.strategies.exact_global_batch import ExactGlobalBatch
-from lightning_bandlimit.strategies.scaling import rule_names
+from lightning_bandlimit.strategies import ExactGlobalBatch, ScalingRule, rule_from_name, rule_names
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = REPO_ROOT / "benchmarks" / "results" / "elastic.json"
@@ -19,9 +20,14 @@ SCHEDULES: dict[str, list[tuple[int, int]]] = {
     "1-2-1": [(1, 1), (2, 1), (1, 1)],
     "1-4x-1": [(1, 1), (2, 2), (1, 1)],
 }
-# ExactGlobalBatch needs the global batch, so it is not built by name: see exact_rule
 EXACT = ExactGlobalBatch.name
-ALL_RULES = (*rule_names(), EXACT)
+ALL_RULES = rule_names()
+# what a rule cannot take from the library's defaults, from --batch (by rule name; see benchmark_rule)
+RULE_ARGUMENTS: dict[str, Callable[[int], dict[str, Any]]] = {
+    # the fixed run's global batch (``batch`` x 1 on 1 process), kept with micro-batches ``batch``
+    # (1 process: ``batch`` x 1) or ``batch // 2`` (2 processes: x 1)
+    EXACT: lambda batch: {"global_batch": batch, "micro_batches": sorted({max(1, batch // 2), batch})},
+}
 # SquareRootScaling needs an Adam-family optimizer: the AdamW group runs it against no rescaling
 ADAM_RULES = ("none", "sqrt", EXACT)
 SGD_RULES = tuple(rule for rule in ALL_RULES if rule != "sqrt")
@@ -40,7 +46,6 @@ def library_fingerprint(package: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def exact_rule(batch: int) -> ExactGlobalBatch:
-    """The benchmark's exact rule: the fixed run's global batch (``batch`` x 1 on 1 process), kept
-    with micro-batches ``batch`` (1 process: ``batch`` x 1) or ``batch // 2`` (2 processes: x 1)."""
-    return ExactGlobalBatch(batch, micro_batches=sorted({max(1, batch // 2), batch}))
+def benchmark_rule(name: str, batch: int) -> ScalingRule:
+    """The rule ``name`` from the library's registry, with :data:`RULE_ARGUMENTS` for ``--batch``."""
+    return rule_from_name(name, **RULE_ARGUMENTS.get(name, lambda _: {})(batch))

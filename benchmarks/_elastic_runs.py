@@ -19,7 +19,7 @@ from _elastic_common import (
     SCHEDULES,
     SGD_RULES,
     SKIPPED,
-    exact_rule,
+    benchmark_rule,
     library_fingerprint,
 )
 
@@ -253,7 +253,7 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, str]]:
 def check_exact_plans(batch: int, world_sizes: set[int]) -> None:
     """Refuse, before any launch, a ``--batch`` whose exact plans do not fit the schedules: the
     shared first phase (1 process, ``batch`` x 1) must be the exact rule's own plan for 1 process."""
-    rule = exact_rule(batch)
+    rule = benchmark_rule(EXACT, batch)
     try:
         plans = {w: rule.plan(w) for w in sorted(world_sizes)}
     except ValueError as error:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _elastic_common import EXACT, exact_rule, library_fingerprint
+from _elastic_common import benchmark_rule, library_fingerprint
 
 
 def worker(cfg: dict[str, Any]) -> None:
@@ -17,7 +17,7 @@ def worker(cfg: dict[str, Any]) -> None:
 
     from lightning_bandlimit.data import SyntheticImageDataModule
     from lightning_bandlimit.models import ImageClassifier
-    from lightning_bandlimit.strategies import ElasticDDPStrategy, SampleSchedule, rule_from_name
+    from lightning_bandlimit.strategies import ElasticDDPStrategy, SampleSchedule
     from lightning_bandlimit.utils.files import atomic_write_json
 
     class AdamWClassifier(ImageClassifier):
@@ -96,7 +96,7 @@ def worker(cfg: dict[str, Any]) -> None:
         "small_cnn", width=cfg["width"], lr_schedule="samples", learning_rate=cfg["lr"], momentum=0.9
     )
     recorder = RecordIndices(lookup)
-    rule = exact_rule(cfg["batch"]) if cfg["rule"] == EXACT else rule_from_name(cfg["rule"])
+    rule = benchmark_rule(cfg["rule"], cfg["batch"])
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=cfg["devices"],

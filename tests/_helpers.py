@@ -51,17 +51,37 @@ def script_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONUNBUFFERED": "1", **extra}
 
 
-def run_ddp_script(script: Path, out: Path, ranks: int = 2, **env: str) -> list[dict[str, Any]]:
-    """Run a DDP ``script`` in ``out`` (its ``BANDLIMIT_OUT``); each rank's :class:`Report`, by rank."""
+def run_python(
+    *args: str, cwd: Path | None = None, expect_ok: bool | None = True, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python *args`` (a script, ``-m module`` or ``-c source``) in ``cwd`` with :func:`script_env`.
+
+    Args:
+        args: the interpreter's arguments.
+        cwd: the working directory.
+        expect_ok: assert that it exits 0 (``True``) or not (``False``); ``None``: no check.
+        timeout: seconds before it is killed (the test then fails).
+        env: extra environment variables.
+
+    Returns:
+        The finished process, its stdout and stderr as text.
+    """
     proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=out,
-        env=script_env(BANDLIMIT_OUT=str(out), **env),
+        [sys.executable, *args],
+        cwd=cwd,
+        env=script_env(**env),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    if expect_ok is not None:
+        assert (proc.returncode == 0) == expect_ok, proc.stderr[-4000:]
+    return proc
+
+
+def run_ddp_script(script: Path, out: Path, ranks: int = 2, **env: str) -> list[dict[str, Any]]:
+    """Run a DDP ``script`` in ``out`` (its ``BANDLIMIT_OUT``); each rank's :class:`Report`, by rank."""
+    run_python(str(script), cwd=out, BANDLIMIT_OUT=str(out), **env)
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(ranks)]
 
 

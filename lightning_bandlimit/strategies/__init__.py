@@ -3,25 +3,22 @@
 sampler, an LR schedule driven by samples seen, and the stability guard. Checkpointing for
 torchrun restarts: :class:`lightning_bandlimit.callbacks.ElasticCheckpoint`."""
 
+from lightning_bandlimit.strategies.adascale import AdaScale, adascale_gain, gradient_noise_statistics
 from lightning_bandlimit.strategies.elastic_ddp import ElasticDDPStrategy, register_elastic_strategies
 from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
-from lightning_bandlimit.strategies.exact_global_batch import ExactGlobalBatch, MicroBatchPlan
-from lightning_bandlimit.strategies.scaling import (
-    AdaScale,
+from lightning_bandlimit.strategies.exact_global_batch import ExactGlobalBatch
+from lightning_bandlimit.strategies.optimizer_config import apply_to_optimizer, read_optimizer
+from lightning_bandlimit.strategies.registry import rule_from_name, rule_names
+from lightning_bandlimit.strategies.rules import (
     KeepGlobalBatch,
     LinearScaling,
+    MicroBatchPlan,
     MomentumAwareScaling,
     NoScaling,
     ScalingRule,
     SquareRootScaling,
     TrainingConfig,
-    adascale_gain,
-    apply_to_optimizer,
     default_rule,
-    gradient_noise_statistics,
-    read_optimizer,
-    rule_from_name,
-    rule_names,
 )
 from lightning_bandlimit.strategies.schedules import SampleSchedule, lr_multiplier, rescale_base_lrs
 from lightning_bandlimit.strategies.stability import StabilityGuard

@@ -14,9 +14,16 @@ from typing import Any
 
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
+from lightning_bandlimit.strategies._lightning import loader_with_sampler
 from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
 
-__all__ = ["batches_done_this_epoch", "elastic_sampler_for", "restore_position"]
+__all__ = [
+    "batches_done_this_epoch",
+    "elastic_loader",
+    "elastic_sampler_for",
+    "loader_batch_size",
+    "restore_position",
+]
 
 
 def elastic_sampler_for(
@@ -114,3 +121,33 @@ def restore_position(sampler: ElasticSampler, state: Mapping[str, Any] | None, p
             f"ElasticDDPStrategy: the checkpoint {path} saved a data position in a different training set "
             f"({error}); resume with the same dataset and shuffling, or start a new run in another directory"
         ) from None
+
+
+def elastic_loader(dataloader: DataLoader, sampler: ElasticSampler, batch_size: int | None) -> DataLoader:
+    """``dataloader`` rebuilt around ``sampler`` (and ``batch_size``, if given), its position the sampler's.
+
+    The loader's ``state_dict`` / ``load_state_dict`` are the sampler's: they tell Lightning the
+    loader resumes mid-epoch (it warns otherwise).
+    """
+    loader = loader_with_sampler(dataloader, sampler, batch_size)
+    loader.state_dict, loader.load_state_dict = sampler.state_dict, sampler.load_state_dict  # type: ignore[attr-defined]
+    return loader
+
+
+def loader_batch_size(dataloader: object) -> int:
+    """The per-device batch size of the training ``dataloader``.
+
+    Raises:
+        ValueError: if it has none (pass the strategy's ``per_device_batch``).
+
+    Example:
+        >>> loader_batch_size(DataLoader(list(range(4)), batch_size=2))
+        2
+    """
+    size = getattr(dataloader, "batch_size", None)
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(
+            "ElasticDDPStrategy could not read the per-device batch size from the training "
+            f"dataloader (got {size!r}); pass per_device_batch="
+        )
+    return size

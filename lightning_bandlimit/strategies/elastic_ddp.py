@@ -17,10 +17,14 @@ new size:
   :class:`~lightning_bandlimit.strategies.ElasticSampler`: the rest of the epoch is
   re-partitioned over the new ranks, each sample exactly once.
 * **Schedule**: each :class:`~lightning_bandlimit.strategies.SampleSchedule` advances by the
-  samples of every optimizer step (or AdaScale's progress, ``adascale``), not by steps.
-* **Stability guard**: after a resize a :class:`~lightning_bandlimit.strategies.StabilityGuard`
-  watches the loss; on divergence model, optimizer and schedulers roll back to the resize
-  (``elastic_resize.Snapshot``) and the rule is retried with a damped factor.
+  samples of every optimizer step (or by the progress the rule's gain tracker reports, as
+  AdaScale's does: ``adascale``), not by steps.
+* **What a rule needs**: the strategy asks the rule, never tests its type:
+  ``rule.micro_batch_plan`` (``ExactGlobalBatch`` chooses the micro-batch and accumulation) and
+  ``rule.gain_tracker`` (``AdaScale`` measures an LR gain through a DDP communication hook).
+* **Stability guard** (``elastic_rollback``): after a resize a
+  :class:`~lightning_bandlimit.strategies.StabilityGuard` watches the loss; on divergence model,
+  optimizer and schedulers roll back to the resize and the rule is retried with a damped factor.
 * **CPU threads**: each process uses ``cores // local processes`` intra-op threads.
 
 * **Faults** (``preemption``): while training, SIGTERM only sets a flag; at each optimizer-step
@@ -53,38 +57,42 @@ from lightning_bandlimit.callbacks.checkpoint_io import DurableCheckpointIO
 from lightning_bandlimit.strategies._lightning import (
     LauncherHook,
     check_lightning_shapes,
-    loader_with_sampler,
     set_batches_done_this_epoch,
 )
-from lightning_bandlimit.strategies.adascale import AdaScaleGain, GradientNormState, gradient_norm_hook
 from lightning_bandlimit.strategies.elastic_data import (
     batches_done_this_epoch,
+    elastic_loader,
     elastic_sampler_for,
+    loader_batch_size,
     restore_position,
 )
 from lightning_bandlimit.strategies.elastic_resize import (
     Rewarm,
     Snapshot,
     apply_config,
+    resize_message,
     resize_metrics,
     schedule_base_lr,
+    step_schedule_warnings,
 )
 from lightning_bandlimit.strategies.elastic_resume import (
     CHECKPOINT_KEY,
+    CheckedResume,
     ResumeState,
-    check_optimizer_states,
     check_resumable,
+    check_same_checkpoint,
 )
+from lightning_bandlimit.strategies.elastic_rollback import RollbackWatch
 from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
-from lightning_bandlimit.strategies.exact_global_batch import ExactGlobalBatch, MicroBatchPlan
 from lightning_bandlimit.strategies.join_deadline import JoinDeadline
+from lightning_bandlimit.strategies.optimizer_config import read_optimizer
 from lightning_bandlimit.strategies.preemption import Preemption
-from lightning_bandlimit.strategies.scaling import (
-    AdaScale,
+from lightning_bandlimit.strategies.rules import (
+    GainTracker,
+    MicroBatchPlan,
     ScalingRule,
     TrainingConfig,
     default_rule,
-    read_optimizer,
 )
 from lightning_bandlimit.strategies.schedules import SampleSchedule
 from lightning_bandlimit.strategies.stability import StabilityGuard
@@ -93,7 +101,7 @@ from lightning_bandlimit.utils.validation import check_int, check_real
 __all__ = ["ElasticDDPStrategy", "register_elastic_strategies"]
 
 
-class ElasticDDPStrategy(LauncherHook, DDPStrategy):
+class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
     """DDP that rescales hyperparameters by rule, keeps data position and schedule across resizes.
 
     Args:
@@ -153,7 +161,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
             join_timeout = check_real("join_timeout", join_timeout, minimum=0.0, min_open=True)
         if rule is not None and not isinstance(rule, ScalingRule):
             raise TypeError(f"rule must be a ScalingRule, got {type(rule).__name__}")
-        if isinstance(rule, ExactGlobalBatch) and per_device_batch is not None:
+        if rule is not None and rule.chooses_micro_batch and per_device_batch is not None:
             raise ValueError(
                 f"ElasticDDPStrategy: {rule!r} chooses the per-device micro-batch for each world size, so "
                 f"per_device_batch must be None, got {per_device_batch}"
@@ -169,19 +177,15 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         self.samples_seen = 0
         self.resized_from: int | None = None
         self.sampler: ElasticSampler | None = None
-        self.rollbacks: list[dict[str, Any]] = []
         self._has_comm_hook = kwargs.get("ddp_comm_hook") is not None
-        self._restored: ResumeState | None = None
-        self._restored_path: str | None = None
-        self._snapshot: Snapshot | None = None
+        self._watch = RollbackWatch(self.guard) if self.guard is not None else None
         self._rewarm: Rewarm | None = None
         self._step_samples = 0
-        self._pending_loss: torch.Tensor | None = None  # the loss of the last optimizer step
         self._last_loss: torch.Tensor | None = None  # the loss of the last micro-batch
-        self._norms: GradientNormState | None = None
-        self._adascale = AdaScaleGain()
+        # what the rule measures while training (AdaScale: the LR gain); rebuilt if the rule is chosen later
+        self._gain: GainTracker = rule.gain_tracker() if rule is not None else GainTracker()
         self._launched_accumulation: int | None = None
-        self.plan: MicroBatchPlan | None = None  # with ExactGlobalBatch: this world size's plan
+        self.plan: MicroBatchPlan | None = None  # for a rule that chooses the micro-batch: this size's plan
         self._preemption = Preemption(agree=lambda local: self.reduce_boolean_decision(local, all=False))
 
     # ------------------------------------------------------------------ environment
@@ -219,13 +223,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
     @override
     def configure_ddp(self) -> None:
         super().configure_ddp()
-        if isinstance(self.rule, AdaScale) and self.world_size > 1:
-            if self._has_comm_hook:
-                raise ValueError(
-                    "AdaScale measures gradients with its own DDP communication hook; drop ddp_comm_hook"
-                )
-            self._norms = GradientNormState()
-            self.model.register_comm_hook(self._norms, gradient_norm_hook)  # type: ignore[union-attr, operator]
+        self._gain.attach(self.model, self.world_size, self._has_comm_hook)
 
     # ------------------------------------------------------------------ data
 
@@ -235,9 +233,10 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if trainer is None or trainer.state.stage != RunningStage.TRAINING:
             return dataloader
-        if isinstance(self.rule, ExactGlobalBatch) and self.plan is None:
-            self.plan = self.rule.plan(self.world_size)  # before any step: refuses an inexact size
-            self._announce_plan(dataloader)
+        if self.rule is not None and self.plan is None:
+            self.plan = self.rule.micro_batch_plan(self.world_size)  # before any step: may refuse the size
+            if self.plan is not None:
+                self._announce_plan(dataloader)
         micro = self.plan.micro_batch if self.plan is not None else None
         if self.plan is not None:
             trainer.accumulate_grad_batches = self.plan.accumulation
@@ -248,49 +247,14 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
             sampler, self.sampler.state_dict() if self.sampler else restored, self._restored_path
         )
         self.sampler = sampler
-        loader = loader_with_sampler(dataloader, sampler, micro)  # type: ignore[arg-type]
-        # Tells Lightning the loader resumes mid-epoch (it warns otherwise); its position is the sampler's.
-        loader.state_dict, loader.load_state_dict = sampler.state_dict, sampler.load_state_dict  # type: ignore[method-assign]
-        return loader
+        return elastic_loader(dataloader, sampler, micro)
 
     def _announce_plan(self, dataloader: object) -> None:
-        assert isinstance(self.rule, ExactGlobalBatch) and self.plan is not None
+        assert self.rule is not None and self.plan is not None
         message = self.rule.describe(self.plan, getattr(dataloader, "batch_size", None))
         (rank_zero_info if self.plan.exact else rank_zero_warn)(f"ElasticDDPStrategy: {message}")
 
     # ------------------------------------------------------------------ checkpoints
-
-    @override
-    def load_checkpoint(
-        self, checkpoint_path: str | Path, weights_only: bool | None = None
-    ) -> dict[str, Any]:
-        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        self._restored_path = str(checkpoint_path)
-        saved = checkpoint.get(CHECKPOINT_KEY)
-        self._restored = None if saved is None else ResumeState.from_checkpoint(saved, self._restored_path)
-        return checkpoint
-
-    @override
-    def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
-        try:
-            super().load_model_state_dict(checkpoint, strict=strict)
-        except RuntimeError as error:
-            raise RuntimeError(
-                f"ElasticDDPStrategy: the checkpoint {self._restored_path} holds a different model than this "
-                f"run's, so it cannot resume it (nothing was written). {error}"
-            ) from None
-
-    @override
-    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
-        # torch fails with a bare KeyError when the optimizer family changed: say so first
-        check_optimizer_states(self.optimizers, checkpoint.get("optimizer_states", []), self._restored_path)
-        try:
-            super().load_optimizer_state_dict(checkpoint)
-        except (KeyError, ValueError) as error:
-            raise ValueError(
-                f"ElasticDDPStrategy: the optimizer state in {self._restored_path} does not fit this run's "
-                f"optimizer ({type(error).__name__}: {error}); it cannot resume it (nothing was written)"
-            ) from None
 
     @override
     def save_checkpoint(
@@ -305,7 +269,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
                 rule=type(self.rule).__name__ if self.rule is not None else None,
                 sampler=self.sampler.state_dict() if self.sampler is not None else None,
                 guard=self.guard.state_dict() if self.guard is not None else None,
-                noise=dict(self._adascale.noise),
+                noise=dict(self._gain.noise),
                 rewarm=self._rewarm,
             ).to_checkpoint()
         super().save_checkpoint(checkpoint, filepath, storage_options)
@@ -317,13 +281,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
             return self.per_device_batch
         if self.sampler is not None:
             return self.sampler.batch_size
-        size = getattr(self.lightning_module.trainer.train_dataloader, "batch_size", None)
-        if not isinstance(size, int) or size < 1:
-            raise ValueError(
-                "ElasticDDPStrategy could not read the per-device batch size from the training "
-                f"dataloader (got {size!r}); pass per_device_batch="
-            )
-        return size
+        return loader_batch_size(self.lightning_module.trainer.train_dataloader)
 
     @override
     def on_train_start(self) -> None:
@@ -333,7 +291,9 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         optimizer = trainer.optimizers[0]
         if self.rule is None:
             self.rule = default_rule(optimizer)
-        self._warn_step_schedulers(trainer)
+            self._gain = self.rule.gain_tracker()
+        for message in step_schedule_warnings(self._schedulers(trainer)):
+            rank_zero_warn(message)
         launched = read_optimizer(
             optimizer,
             self.world_size,
@@ -342,7 +302,10 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
             lr=schedule_base_lr(optimizer, self._schedulers(trainer)),
         )
         restored = self._restored
-        self._check_same_resume(trainer, 0 if restored is None else restored.samples_seen)
+        if self.world_size > 1:
+            mine = [trainer.global_step, 0 if restored is None else restored.samples_seen]
+            everyone = self.all_gather(torch.tensor(mine, dtype=torch.int64, device=self.root_device))
+            check_same_checkpoint(everyone.reshape(self.world_size, 2).tolist(), self._restored_path)
         if restored is None:
             self.reference = self.applied = launched
             if self.plan is not None and not self.plan.exact:  # the fallback's LR for this size
@@ -350,7 +313,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
             return
         self.reference, self.applied = restored.reference, restored.applied
         self.samples_seen = restored.samples_seen
-        self._adascale = AdaScaleGain(restored.noise)
+        self._gain.load_noise(restored.noise)
         self._rewarm = restored.rewarm
         if self.guard is not None and restored.guard:
             self.guard.load_state_dict(restored.guard)
@@ -360,45 +323,25 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         if restored.world_size == self.world_size and launched.accumulation == self.applied.accumulation:
             return
         self.resized_from = restored.world_size
-        if self.guard is not None:
-            self._snapshot = Snapshot.take(
-                self.lightning_module,
-                trainer.optimizers,
-                self._schedulers(trainer),
-                self.applied,
-                trainer.accumulate_grad_batches,
-                self.samples_seen,
+        if self._watch is not None:
+            self._watch.arm(
+                Snapshot.take(
+                    self.lightning_module,
+                    trainer.optimizers,
+                    self._schedulers(trainer),
+                    self.applied,
+                    trainer.accumulate_grad_batches,
+                    self.samples_seen,
+                )
             )
         self._launched_accumulation = launched.accumulation
         self._apply_rule(trainer, damping=1.0)
-        if self.guard is not None:
-            self.guard.start()
-
-    def _check_same_resume(self, trainer: pl.Trainer, samples_seen: int) -> None:
-        """Every rank must have resumed the same checkpoint (each picks ``last`` on its own)."""
-        if self.world_size < 2:
-            return
-        mine = torch.tensor([trainer.global_step, samples_seen], dtype=torch.int64, device=self.root_device)
-        everyone = self.all_gather(mine).reshape(self.world_size, 2).tolist()
-        if any(row != everyone[0] for row in everyone):
-            raise RuntimeError(
-                "ElasticDDPStrategy: the ranks resumed different checkpoints (global step, samples seen "
-                f"per rank: {everyone}; this rank read {self._restored_path}); stopping before any step so "
-                "that torchrun restarts the group (nothing was written)"
-            )
+        if self._watch is not None:
+            self._watch.watch()
 
     @staticmethod
     def _schedulers(trainer: pl.Trainer) -> list[Any]:
         return [config.scheduler for config in trainer.lr_scheduler_configs]
-
-    def _warn_step_schedulers(self, trainer: pl.Trainer) -> None:
-        for scheduler in self._schedulers(trainer):
-            if not isinstance(scheduler, SampleSchedule):
-                rank_zero_warn(
-                    f"ElasticDDPStrategy: {type(scheduler).__name__} counts steps, whose size changes with a "
-                    "resize, so its curve will not be continuous in samples seen; use "
-                    "lightning_bandlimit.strategies.SampleSchedule for elastic runs"
-                )
 
     def _apply_rule(self, trainer: pl.Trainer, damping: float) -> None:
         assert self.reference is not None and self.applied is not None and self.rule is not None
@@ -407,38 +350,28 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         apply_config(trainer.optimizers, self._schedulers(trainer), self.applied, target)
         trainer.accumulate_grad_batches = target.accumulation
         self._rewarm = Rewarm.after(target, target.lr / self.applied.lr, self.samples_seen)
-        previous_world = self.applied.world_size
-        self.applied = target
-        self._log_resize(trainer, previous_world, target, damping)
-
-    def _log_resize(self, trainer: pl.Trainer, previous: int, target: TrainingConfig, damping: float) -> None:
-        _log_metrics(trainer, resize_metrics(previous, target, damping))
-        rank_zero_info(
-            f"ElasticDDPStrategy: world size {previous} -> {self.world_size} ({self.rule!r}, damping "
-            f"{damping:g}): global batch {target.global_batch}, lr {target.lr:.4g}, momentum "
-            f"{target.momentum}, betas {target.betas}, accumulation {target.accumulation}"
-        )
+        previous_world, self.applied = self.applied.world_size, target
+        _log_metrics(trainer, resize_metrics(previous_world, target, damping))
+        rank_zero_info(resize_message(previous_world, target, self.rule, damping))
 
     # ------------------------------------------------------------------ stability guard
 
-    def _rollback(self, trainer: pl.Trainer) -> None:
-        assert self._snapshot is not None and self.guard is not None
-        snapshot = self._snapshot
-        snapshot.restore(
-            self.lightning_module, trainer.optimizers, self._schedulers(trainer), self.samples_seen
+    @property
+    def rollbacks(self) -> list[dict[str, Any]]:
+        """One record per rollback (``step``, ``retry``, ``damping``, ``samples_seen``)."""
+        return [] if self._watch is None else self._watch.rollbacks
+
+    def _observe_loss(self, trainer: pl.Trainer) -> None:
+        """Roll back if the guard judged the last optimizer step diverged (all ranks agree)."""
+        agree = lambda mine: self.reduce_boolean_decision(mine, all=False)  # noqa: E731
+        if self._watch is None or not self._watch.diverged(agree):
+            return
+        schedulers = self._schedulers(trainer)
+        snapshot, retry, damping = self._watch.roll_back(
+            self.lightning_module, trainer.optimizers, schedulers, self.samples_seen, trainer.global_step
         )
         self.applied = snapshot.applied
         trainer.accumulate_grad_batches = snapshot.accumulation
-        retry = len(self.rollbacks) + 1
-        damping = self.guard.damping(retry)
-        self.rollbacks.append(
-            {
-                "step": trainer.global_step,
-                "retry": retry,
-                "damping": damping,
-                "samples_seen": self.samples_seen,
-            }
-        )
         rank_zero_warn(
             f"ElasticDDPStrategy: the loss diverged after the resize {self.resized_from} -> "
             f"{self.world_size}; rolled back to the state at the resize and retrying with damping {damping:g}"
@@ -446,23 +379,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
         )
         _log_metrics(trainer, {"ElasticDDPStrategy/rollback": float(retry)})
         self._apply_rule(trainer, damping=damping)
-        self.guard.start()
-
-    def _observe_loss(self, trainer: pl.Trainer) -> None:
-        if self.guard is None or self._pending_loss is None:
-            return
-        was_watching = self.guard.watching
-        verdict = self.guard.record(float(self._pending_loss))
-        self._pending_loss = None
-        if not was_watching:
-            return
-        # every rank watches the same steps, so this collective lines up
-        if self.reduce_boolean_decision(verdict == "diverged", all=False):
-            if self.guard.watching:
-                self.guard.stop()
-            self._rollback(trainer)
-        elif verdict == "stable":
-            self._snapshot = None
+        self._watch.watch()
 
     # ------------------------------------------------------------------ per step
 
@@ -503,7 +420,7 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
 
         def closure_with_factor() -> Any:
             result = closure()
-            factor = self._rewarm_factor() * self._adascale_gain()
+            factor = self._rewarm_factor() * self._step_gain()
             if factor != 1.0:
                 for group in groups:
                     group["lr"] = group["lr"] * factor
@@ -515,51 +432,44 @@ class ElasticDDPStrategy(LauncherHook, DDPStrategy):
             for group, lr in zip(groups, scheduled):
                 group["lr"] = lr
         # the guard judges optimizer steps (checked at the next batch start, a window boundary)
-        self._pending_loss, self._last_loss = self._last_loss, None
-        progress = (
-            self.gain * self.reference.global_batch if isinstance(self.rule, AdaScale) else self._step_samples
-        )
+        if self._watch is not None:
+            self._watch.step_loss(self._last_loss)
+        self._last_loss = None
+        progress = self._gain.progress(self._step_samples, self.reference.global_batch)
         self._step_samples = 0
         trainer = self.lightning_module.trainer
         for scheduler in self._schedulers(trainer):
             if isinstance(scheduler, SampleSchedule):
                 scheduler.advance(progress)
-        if isinstance(self.rule, AdaScale) and trainer.global_step % max(1, trainer.log_every_n_steps) == 0:
-            metrics = {"ElasticDDPStrategy/gain": self.gain}
-            noise = self._adascale.noise
-            if noise.get("mu2", 0) > 0:
-                metrics["ElasticDDPStrategy/noise_scale"] = noise["trace"] / noise["mu2"]
+        metrics = self._gain.metrics() if trainer.global_step % max(1, trainer.log_every_n_steps) == 0 else {}
+        if metrics:
             _log_metrics(trainer, metrics)
         return output
 
     def _rewarm_factor(self) -> float:
-        if self._rewarm is None:
-            return 1.0
-        if self._rewarm.finished(self.samples_seen):
-            self._rewarm = None
-            return 1.0
-        return self._rewarm.factor(self.samples_seen)
+        if self._rewarm is not None and self._rewarm.finished(self.samples_seen):
+            self._rewarm = None  # done: not saved any more
+        return 1.0 if self._rewarm is None else self._rewarm.factor(self.samples_seen)
 
-    def _adascale_gain(self) -> float:
-        """Update the gradient statistics from this backward and return the gain (1 unless AdaScale)."""
-        if not isinstance(self.rule, AdaScale):
-            return 1.0
+    def _step_gain(self) -> float:
+        """The rule's LR gain for this step, after its backward (1 unless the rule measures one)."""
         assert self.reference is not None
-        batch = self._batch_size() * self.lightning_module.trainer.accumulate_grad_batches
-        if self._norms is not None and self._norms.buckets:
-            local = self.reduce(self._norms.local_sq.to(self.root_device, torch.float64), reduce_op="mean")
-            self._adascale.observe(
-                float(local), float(self._norms.global_sq), self.world_size, batch, self.rule.smoothing
-            )
-            self._norms.reset()
-        return self._adascale.update(
-            self.world_size * batch / self.reference.global_batch, self.reference.global_batch
+        return self._gain.step_gain(
+            lambda t: self.reduce(t.to(self.root_device, torch.float64), reduce_op="mean"),
+            self.world_size,
+            self._batch_size() * self.lightning_module.trainer.accumulate_grad_batches,
+            self.reference.global_batch,
         )
 
     @property
     def gain(self) -> float:
-        """AdaScale's last LR gain (1 for other rules)."""
-        return self._adascale.gain
+        """The rule's last LR gain (AdaScale's; 1 for other rules)."""
+        return self._gain.gain
+
+    @property
+    def gradient_noise(self) -> dict[str, float]:
+        """The running gradient statistics ``{"trace", "mu2"}`` (AdaScale's; else those resumed)."""
+        return self._gain.noise
 
 
 def _log_metrics(trainer: pl.Trainer, metrics: dict[str, float]) -> None:

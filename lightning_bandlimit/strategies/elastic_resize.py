@@ -20,10 +20,18 @@ from typing import Any
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
-from lightning_bandlimit.strategies.scaling import TrainingConfig, apply_to_optimizer
+from lightning_bandlimit.strategies.optimizer_config import apply_to_optimizer
+from lightning_bandlimit.strategies.rules import TrainingConfig
 from lightning_bandlimit.strategies.schedules import SampleSchedule, rescale_base_lrs
 
-__all__ = ["Rewarm", "Snapshot", "apply_config", "resize_metrics", "schedule_base_lr"]
+__all__ = [
+    "Rewarm",
+    "Snapshot",
+    "apply_config",
+    "resize_metrics",
+    "schedule_base_lr",
+    "step_schedule_warnings",
+]
 
 
 def apply_config(
@@ -77,6 +85,23 @@ def schedule_base_lr(optimizer: torch.optim.Optimizer, schedulers: Sequence[Any]
     return float(group.get("initial_lr", group["lr"]))
 
 
+def step_schedule_warnings(schedulers: Sequence[Any]) -> list[str]:
+    """A warning for each scheduler that counts steps, not samples (its curve breaks at a resize).
+
+    Example:
+        >>> opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+        >>> step_schedule_warnings([SampleSchedule(opt, total_samples=100)])
+        []
+    """
+    return [
+        f"ElasticDDPStrategy: {type(scheduler).__name__} counts steps, whose size changes with a "
+        "resize, so its curve will not be continuous in samples seen; use "
+        "lightning_bandlimit.strategies.SampleSchedule for elastic runs"
+        for scheduler in schedulers
+        if not isinstance(scheduler, SampleSchedule)
+    ]
+
+
 def resize_metrics(previous: int, target: TrainingConfig, damping: float) -> dict[str, float]:
     """What the strategy logs at a resize from ``previous`` processes to ``target``.
 
@@ -99,6 +124,21 @@ def resize_metrics(previous: int, target: TrainingConfig, damping: float) -> dic
         metrics["ElasticDDPStrategy/beta1"] = target.betas[0]
         metrics["ElasticDDPStrategy/beta2"] = target.betas[1]
     return metrics
+
+
+def resize_message(previous: int, target: TrainingConfig, rule: object, damping: float) -> str:
+    """What the strategy says at a resize from ``previous`` processes to ``target`` by ``rule``.
+
+    Example:
+        >>> config = TrainingConfig(world_size=2, per_device_batch=8, lr=0.2, momentum=0.9)
+        >>> resize_message(1, config, "linear", 1.0)  # doctest: +ELLIPSIS
+        "ElasticDDPStrategy: world size 1 -> 2 ('linear', damping 1): global batch 16, lr 0.2, ..."
+    """
+    return (
+        f"ElasticDDPStrategy: world size {previous} -> {target.world_size} ({rule!r}, damping "
+        f"{damping:g}): global batch {target.global_batch}, lr {target.lr:.4g}, momentum "
+        f"{target.momentum}, betas {target.betas}, accumulation {target.accumulation}"
+    )
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,30 @@
 """The elastic strategy's entry in a checkpoint, and the checks a resumed run must pass.
 
 :class:`ResumeState` is what ``ElasticDDPStrategy`` saves under ``checkpoint["elastic_ddp"]``
-(``"format": 2``) and reads back on a resume; :func:`check_resumable` and
-:func:`check_optimizer_family` reject a checkpoint this run cannot continue, before anything is
-written.
+(``"format": 2``) and reads back on a resume; :func:`check_resumable`,
+:func:`check_optimizer_family` and :func:`check_same_checkpoint` reject a checkpoint this run
+cannot continue, before anything is written; :class:`CheckedResume` is the strategy's side of
+loading one (it says why a checkpoint does not fit where torch would fail with a bare error).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from lightning_bandlimit.strategies.elastic_resize import Rewarm
-from lightning_bandlimit.strategies.scaling import ScalingRule, TrainingConfig
+from lightning_bandlimit.strategies.rules import ScalingRule, TrainingConfig
 
 __all__ = [
     "CHECKPOINT_KEY",
     "FORMAT",
+    "CheckedResume",
     "ResumeState",
+    "check_same_checkpoint",
     "check_optimizer_family",
     "check_optimizer_states",
     "check_resumable",
@@ -180,3 +184,69 @@ def check_resumable(
         raise ValueError(
             f"ElasticDDPStrategy: the rule {rule!r} cannot apply to {where}: {error} (nothing was written)"
         ) from None
+
+
+def check_same_checkpoint(rows: Sequence[Sequence[int]], path: str | None) -> None:
+    """Every rank must have resumed the same checkpoint (each resolves ``last`` on its own).
+
+    Args:
+        rows: per rank, the global step and the samples seen it resumed.
+        path: the checkpoint this rank read, for the message.
+
+    Raises:
+        RuntimeError: if two ranks differ (torchrun then restarts the group).
+
+    Example:
+        >>> check_same_checkpoint([[4, 32], [4, 32]], "last.ckpt")
+    """
+    rows = [list(row) for row in rows]
+    if any(row != rows[0] for row in rows):
+        raise RuntimeError(
+            "ElasticDDPStrategy: the ranks resumed different checkpoints (global step, samples seen "
+            f"per rank: {rows}; this rank read {path}); stopping before any step so "
+            "that torchrun restarts the group (nothing was written)"
+        )
+
+
+class CheckedResume:
+    """Mixin for a Lightning strategy (before it in the bases): reads :class:`ResumeState` from the
+    checkpoint loaded, and refuses a model or optimizer state that does not fit this run, saying so
+    and that nothing was written.
+
+    Attributes:
+        _restored: the checkpoint's elastic state (``None``: none, or not resumed).
+        _restored_path: the checkpoint's path.
+    """
+
+    _restored: ResumeState | None = None
+    _restored_path: str | None = None
+
+    def load_checkpoint(
+        self, checkpoint_path: str | Path, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)  # type: ignore[misc]
+        self._restored_path = str(checkpoint_path)
+        saved = checkpoint.get(CHECKPOINT_KEY)
+        self._restored = None if saved is None else ResumeState.from_checkpoint(saved, self._restored_path)
+        return checkpoint
+
+    def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
+        try:
+            super().load_model_state_dict(checkpoint, strict=strict)  # type: ignore[misc]
+        except RuntimeError as error:
+            raise RuntimeError(
+                f"ElasticDDPStrategy: the checkpoint {self._restored_path} holds a different model than this "
+                f"run's, so it cannot resume it (nothing was written). {error}"
+            ) from None
+
+    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
+        # torch fails with a bare KeyError when the optimizer family changed: say so first
+        saved = checkpoint.get("optimizer_states", [])
+        check_optimizer_states(self.optimizers, saved, self._restored_path)  # type: ignore[attr-defined]
+        try:
+            super().load_optimizer_state_dict(checkpoint)  # type: ignore[misc]
+        except (KeyError, ValueError) as error:
+            raise ValueError(
+                f"ElasticDDPStrategy: the optimizer state in {self._restored_path} does not fit this run's "
+                f"optimizer ({type(error).__name__}: {error}); it cannot resume it (nothing was written)"
+            ) from None

@@ -18,34 +18,12 @@ each device. The loss and the gradient are those of the fixed run only while ``m
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from lightning_bandlimit.strategies.scaling import ScalingRule, TrainingConfig
-from lightning_bandlimit.utils.validation import check_int
+from lightning_bandlimit.strategies.rules import MicroBatchPlan, ScalingRule, TrainingConfig
+from lightning_bandlimit.utils.validation import check_int, check_real
 
-__all__ = ["ExactGlobalBatch", "MicroBatchPlan"]
-
-
-@dataclass(frozen=True)
-class MicroBatchPlan:
-    """How ``world_size`` processes make one optimizer step.
-
-    Attributes:
-        world_size: data-parallel processes.
-        micro_batch: samples per process per forward/backward.
-        accumulation: micro-batches per optimizer step.
-        exact: whether :attr:`global_batch` equals the rule's global batch.
-    """
-
-    world_size: int
-    micro_batch: int
-    accumulation: int
-    exact: bool = True
-
-    @property
-    def global_batch(self) -> int:
-        """Samples per optimizer step: ``world_size * micro_batch * accumulation``."""
-        return self.world_size * self.micro_batch * self.accumulation
+__all__ = ["ExactGlobalBatch"]
 
 
 class ExactGlobalBatch(ScalingRule):
@@ -162,6 +140,10 @@ class ExactGlobalBatch(ScalingRule):
         # nearest global batch; then the larger micro-batch (fewer, faster steps)
         return min(candidates, key=lambda p: (abs(p.global_batch - self.global_batch), -p.micro_batch))
 
+    def micro_batch_plan(self, world_size: int) -> MicroBatchPlan:
+        """:meth:`plan`: this rule always chooses the micro-batch."""
+        return self.plan(world_size)
+
     def describe(self, plan: MicroBatchPlan, loader_batch: int | None = None) -> str:
         """One line saying what ``plan`` runs, the valid world sizes and, for a fallback, the LR.
 
@@ -177,14 +159,8 @@ class ExactGlobalBatch(ScalingRule):
             loader's batch_size 32 is replaced); world sizes with an exact global batch of 128:
             [1, 2, 4]"
         """
-        replaced = (
-            ""
-            if loader_batch in (None, plan.micro_batch)
-            else f" (the training loader's batch_size {loader_batch} is replaced)"
-        )
         message = (
-            f"global batch {plan.global_batch} on {plan.world_size} processes = micro-batch "
-            f"{plan.micro_batch} x accumulation {plan.accumulation}{replaced}; world sizes with an exact "
+            f"{super().describe(plan, loader_batch)}; world sizes with an exact "
             f"global batch of {self.global_batch}: {self.valid_world_sizes()}"
         )
         if not plan.exact:
@@ -206,8 +182,7 @@ class ExactGlobalBatch(ScalingRule):
         The LR changes only for a fallback plan: by ``(global batch / this rule's) ** damping``.
         ``accumulation`` is ignored: the rule chooses it.
         """
-        if not 0 <= damping <= 1:
-            raise ValueError(f"damping must be in [0, 1], got {damping}")
+        check_real("damping", damping, minimum=0.0, maximum=1.0)
         plan = self.plan(world_size)
         k = (plan.global_batch / self.global_batch) ** damping
         return replace(

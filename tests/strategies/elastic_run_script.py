@@ -158,7 +158,7 @@ def main() -> None:
             "reference": None if strategy.reference is None else strategy.reference.__dict__,
             "applied": None if strategy.applied is None else strategy.applied.__dict__,
             "global_step": trainer.global_step,
-            "noise": strategy._adascale.noise,
+            "noise": strategy.gradient_noise,
             "progress": [c.scheduler.progress for c in trainer.lr_scheduler_configs],
         }
         (out / f"{cfg['tag']}-rank{trainer.global_rank}.json").write_text(json.dumps(record))

@@ -1,22 +1,17 @@
 """The packaged ``elastic`` recipes: every launch resumes by itself, a resize rescales by rule or,
 with ``elastic_exact``, keeps the global batch exactly."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _helpers import run_python
 
 pytestmark = pytest.mark.slow  # starts processes
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _fit(run: Path, devices: int, max_steps: int, config: str = "elastic", expect_ok: bool = True) -> str:
     args = [
-        sys.executable,
         "-m",
         "lightning_bandlimit",
         "fit",
@@ -41,9 +36,7 @@ def _fit(run: Path, devices: int, max_steps: int, config: str = "elastic", expec
         "--data.val_size",
         "32",
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(args, cwd=run.parent, capture_output=True, text=True, timeout=300, env=env)
-    assert (proc.returncode == 0) == expect_ok, proc.stderr[-4000:]
+    proc = run_python(*args, cwd=run.parent, expect_ok=expect_ok)
     return proc.stdout + proc.stderr
 
 

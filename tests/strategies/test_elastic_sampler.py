@@ -230,15 +230,15 @@ def test_constructor_validation(kwargs: dict, message: str) -> None:
 @pytest.mark.parametrize("kwargs", [{"batch_size": 2.0}, {"dataset_size": True}, {"rank": "0"}])
 def test_constructor_rejects_non_integers(kwargs: dict) -> None:
     args = {"dataset_size": 10, "batch_size": 2, "num_replicas": 1, "rank": 0, **kwargs}
-    with pytest.raises(TypeError, match=f"{next(iter(kwargs))} must be an int"):
+    with pytest.raises(TypeError, match=next(iter(kwargs))):
         ElasticSampler(args.pop("dataset_size"), args.pop("batch_size"), **args)
 
 
 def test_advance_and_set_epoch_reject_negatives() -> None:
     sampler = ElasticSampler(10, 2, num_replicas=1, rank=0)
-    with pytest.raises(ValueError, match="steps must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="steps"):
         sampler.advance(-1)
-    with pytest.raises(ValueError, match="epoch must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="epoch"):
         sampler.set_epoch(-1)
 
 

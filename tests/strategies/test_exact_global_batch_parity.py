@@ -3,6 +3,8 @@
 Real gloo processes, resized through checkpoint-restart (``exact_batch_script.py``), in float64.
 The fixed run is one process for the whole run; the resized run is one process for steps 0-2,
 two processes for steps 3-6 and one again from step 7 (crossing the epoch boundary at step 8).
+Its first phase would train exactly the fixed run's first steps, so the resized run resumes the
+fixed run's own checkpoint at step 3 instead of launching it again (one launch fewer per run).
 
 **Tolerance: 1e-10, relative on the per-step loss and absolute on the final weights.** Both runs
 average the gradients of exactly the same samples in every step; they differ only in the order
@@ -15,16 +17,15 @@ sample in a step, a rescaled LR, BatchNorm statistics over another batch) moves 
 """
 
 import json
-import subprocess
-import sys
+import shutil
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 import torch
-from _helpers import script_env
+from _helpers import run_python
 
-pytestmark = pytest.mark.slow  # real gloo processes, ten launches
+pytestmark = pytest.mark.slow  # real gloo processes, seven launches
 
 SCRIPT = Path(__file__).with_name("exact_batch_script.py")
 TOLERANCE = 1e-10
@@ -36,25 +37,35 @@ _BATCHNORM_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 def _launch(out: Path, tag: str, devices: int, max_steps: int, **cfg: object) -> None:
     config = {"devices": devices, "max_steps": max_steps, "out": str(out), "tag": tag, **cfg}
     config.setdefault("max_total_steps", TOTAL_STEPS)
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), json.dumps(config)],
-        cwd=out,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=script_env(),
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_python(str(SCRIPT), json.dumps(config), cwd=out)
 
 
-def _run(out: Path, phases: list[tuple[int, int]], **cfg: object) -> tuple[dict[int, dict], dict]:
-    """Launch the phases in ``out``; per global step: the samples, the mean loss, the layouts."""
+def _run(
+    out: Path, phases: list[tuple[int, int]], first: Path | None = None, **cfg: object
+) -> tuple[dict[int, dict], dict]:
+    """Launch the phases in ``out``; per global step: the samples, the mean loss, the layouts.
+
+    ``first``: the folder of a one-process run of the same configuration (checkpointed every
+    step), which stands in for the first phase: its checkpoint at that phase's end is resumed and
+    its records up to there are this run's (the first phase would train the very same steps).
+    """
     out.mkdir()
+    records = []
+    resume = None
+    if first is not None:
+        (devices, until), phases = phases[0], phases[1:]
+        assert devices == 1
+        (out / "ckpt").mkdir()
+        resume = str(shutil.copy(first / "ckpt" / f"step={until}.ckpt", out / "ckpt"))
+        for path in sorted(first.glob("phase0-rank*.json")):
+            trained = json.loads(path.read_text())["trained"]
+            records.append([micro for micro in trained if micro["step"] < until])
     for i, (devices, until) in enumerate(phases):
-        _launch(out, f"phase{i}", devices, until, resume="last" if i else None, **cfg)
+        _launch(out, f"phase{i}", devices, until, resume=resume if i == 0 else "last", **cfg)
+    records += [json.loads(path.read_text())["trained"] for path in sorted(out.glob("phase*-rank*.json"))]
     steps: dict[int, dict] = defaultdict(lambda: {"indices": [], "losses": [], "layouts": set()})
-    for path in sorted(out.glob("phase*-rank*.json")):
-        for micro in json.loads(path.read_text())["trained"]:
+    for trained in records:
+        for micro in trained:
             step = steps[micro["step"]]
             step["indices"] += micro["indices"]
             step["losses"].append(micro["loss"])
@@ -88,7 +99,7 @@ def _assert_parity(fixed: tuple[dict, dict], resized: tuple[dict, dict], buffers
 def test_resized_run_follows_the_fixed_run_step_by_step(tmp_path: Path) -> None:
     cfg = {"global_batch": 32, "micro_batches": [8, 16]}
     fixed = _run(tmp_path / "fixed", [(1, TOTAL_STEPS)], **cfg)
-    resized = _run(tmp_path / "resized", RESIZED, **cfg)
+    resized = _run(tmp_path / "resized", RESIZED, first=tmp_path / "fixed", **cfg)
     # one process: 16 x 2 accumulation; two processes: 16 x 1 each; the loader's own 8 is replaced
     assert fixed[0][0]["layouts"] == {(1, 16, 2)}
     assert resized[0][4]["layouts"] == {(2, 16, 1)} and resized[0][8]["layouts"] == {(1, 16, 2)}
@@ -103,7 +114,7 @@ def test_batchnorm_follows_the_fixed_run_only_with_one_micro_batch_size(tmp_path
     # one process updates them twice per step, two processes once each and DDP keeps rank 0's.
     cfg = {"global_batch": 32, "micro_batches": [16], "batchnorm": True}
     fixed = _run(tmp_path / "fixed", [(1, TOTAL_STEPS)], **cfg)
-    same_micro = _run(tmp_path / "same_micro", RESIZED, **cfg)
+    same_micro = _run(tmp_path / "same_micro", RESIZED, first=tmp_path / "fixed", **cfg)
     assert same_micro[0][4]["layouts"] == {(2, 16, 1)} and fixed[0][4]["layouts"] == {(1, 16, 2)}
     _assert_parity(fixed, same_micro, buffers=False)
     running = (same_micro[1]["net.1.running_mean"] - fixed[1]["net.1.running_mean"]).abs().max().item()
@@ -113,7 +124,7 @@ def test_batchnorm_follows_the_fixed_run_only_with_one_micro_batch_size(tmp_path
     # statistics come from other batches and the loss leaves the fixed run's curve at once.
     cfg["micro_batches"] = [16, 32]
     fixed = _run(tmp_path / "fixed32", [(1, RESIZED[1][1])], **cfg)
-    changed = _run(tmp_path / "changed", RESIZED[:2], **cfg)
+    changed = _run(tmp_path / "changed", RESIZED[:2], first=tmp_path / "fixed32", **cfg)
     assert fixed[0][4]["layouts"] == {(1, 32, 1)} and changed[0][4]["layouts"] == {(2, 16, 1)}
     first_resized = RESIZED[0][1]
     assert _mean(changed[0][first_resized - 1]["losses"]) == _mean(fixed[0][first_resized - 1]["losses"])

@@ -1,10 +1,8 @@
 """JoinDeadline: a set-up that hangs past its bound ends the process with status 75 and one line."""
 
-import subprocess
-import sys
 import time
 
-from _helpers import script_env
+from _helpers import run_python
 
 HANG = """
 import time
@@ -17,13 +15,7 @@ print("finished")
 
 def test_a_hang_past_the_deadline_exits_75_with_one_line() -> None:
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-c", HANG.format(seconds=0.5)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=script_env(),
-    )
+    proc = run_python("-c", HANG.format(seconds=0.5), expect_ok=False, timeout=60)
     assert proc.returncode == 75 and "finished" not in proc.stdout
     assert "the process group did not form within 0.5 s" in proc.stderr
     assert time.monotonic() - started < 25  # not the 30 s the block would have taken
@@ -32,11 +24,5 @@ def test_a_hang_past_the_deadline_exits_75_with_one_line() -> None:
 def test_no_bound_or_an_early_finish_leaves_the_process_alone() -> None:
     fast = HANG.replace("time.sleep(30)", "pass")
     for seconds in ("None", "5.0"):
-        proc = subprocess.run(
-            [sys.executable, "-c", fast.format(seconds=seconds)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=script_env(),
-        )
-        assert proc.returncode == 0 and "finished" in proc.stdout
+        proc = run_python("-c", fast.format(seconds=seconds), timeout=60)
+        assert "finished" in proc.stdout

@@ -239,7 +239,7 @@ def test_bad_arguments(kwargs: dict, message: str) -> None:
 
 def test_bad_progress() -> None:
     _, scheduler = make(total_samples=10)
-    with pytest.raises(ValueError, match="samples must be >= 0, got -1.0"):
+    with pytest.raises(ValueError, match="samples"):
         scheduler.advance(-1)
     with pytest.raises(ValueError, match="got nan"):
         scheduler.set_progress(math.nan)

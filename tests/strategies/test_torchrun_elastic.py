@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _helpers import script_env
 
 pytestmark = pytest.mark.slow  # starts processes
 
@@ -34,11 +35,7 @@ def _agent(out: Path, port: int, name: str) -> subprocess.Popen:
     torchrun = Path(sys.executable).with_name("torchrun")
     # torch 2.x bug: with the shared TCP store, an agent that joins later waits forever for the
     # new round's MASTER_ADDR (rank 0 reuses its cached store info); opt out of the sharing.
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-    }
+    env = script_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     log = open(out / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
     return subprocess.Popen(
         [

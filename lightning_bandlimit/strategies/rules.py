@@ -16,41 +16,43 @@ reference global batch:
 
 * :class:`AdaScale` (Johnson et al. 2020): not a fixed factor. The resize keeps the reference
   hyperparameters; while training, the strategy multiplies each step's LR by the gain
-  ``r = (s2 + m2) / (s2 / S + m2)`` estimated from gradient statistics across ranks (see
-  :func:`adascale_gain`, :func:`gradient_noise_statistics`) and advances the schedule by ``r``
-  reference steps per step.
+  ``r = (s2 + m2) / (s2 / S + m2)`` estimated from gradient statistics across ranks, and
+  advances the schedule by ``r`` reference steps per step (``adascale.py``).
+* ``ExactGlobalBatch`` keeps the global batch exactly by choosing the micro-batch
+  (``exact_global_batch.py``).
 
 Each rule takes a ``damping`` in ``[0, 1]``: the factor actually applied is ``k ** damping``,
 which the stability guard uses to retry a milder adjustment after a rollback.
+
+What a rule needs from the strategy beyond :meth:`ScalingRule.adjust` it declares:
+:meth:`ScalingRule.micro_batch_plan` (a rule that chooses the micro-batch, such as
+``ExactGlobalBatch``) and :meth:`ScalingRule.gain_tracker` (a rule that measures an LR gain while
+training, such as ``AdaScale``); the strategy asks, it never tests a rule's type.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from lightning_bandlimit.utils.validation import check_choice
+from lightning_bandlimit.utils.validation import check_int, check_real
 
 __all__ = [
-    "AdaScale",
+    "GainTracker",
     "KeepGlobalBatch",
     "LinearScaling",
+    "MicroBatchPlan",
     "MomentumAwareScaling",
     "NoScaling",
     "ScalingRule",
     "SquareRootScaling",
     "TrainingConfig",
-    "adascale_gain",
-    "apply_to_optimizer",
     "default_rule",
-    "gradient_noise_statistics",
-    "read_optimizer",
-    "rule_from_name",
-    "rule_names",
 ]
 
 
@@ -79,11 +81,9 @@ class TrainingConfig:
     warmup_samples: int = 0
 
     def __post_init__(self) -> None:
-        if min(self.world_size, self.per_device_batch, self.accumulation) < 1 or self.lr <= 0:
-            raise ValueError(
-                "expected world_size, per_device_batch and accumulation >= 1 and lr > 0, got "
-                f"{self.world_size}, {self.per_device_batch}, {self.accumulation}, {self.lr}"
-            )
+        for name in ("world_size", "per_device_batch", "accumulation"):
+            check_int(name, getattr(self, name), minimum=1)
+        check_real("lr", self.lr, minimum=0.0, min_open=True)
 
     @property
     def global_batch(self) -> int:
@@ -91,14 +91,132 @@ class TrainingConfig:
         return self.world_size * self.per_device_batch * self.accumulation
 
 
+@dataclass(frozen=True)
+class MicroBatchPlan:
+    """How ``world_size`` processes make one optimizer step.
+
+    Attributes:
+        world_size: data-parallel processes.
+        micro_batch: samples per process per forward/backward.
+        accumulation: micro-batches per optimizer step.
+        exact: whether :attr:`global_batch` equals the global batch the rule keeps.
+    """
+
+    world_size: int
+    micro_batch: int
+    accumulation: int
+    exact: bool = True
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step: ``world_size * micro_batch * accumulation``."""
+        return self.world_size * self.micro_batch * self.accumulation
+
+
+class GainTracker:
+    """The LR gain a rule measures while training; this base measures none (gain 1).
+
+    ``ElasticDDPStrategy`` builds one per run from :meth:`ScalingRule.gain_tracker` and asks it,
+    at each optimizer step, for the LR gain and for the progress to advance each
+    :class:`~lightning_bandlimit.strategies.SampleSchedule` by. ``AdaScale``'s measures the gain
+    from gradient statistics (``adascale.py``).
+
+    Attributes:
+        noise: gradient statistics ``{"trace", "mu2"}``; this base only keeps those of the
+            checkpoint it resumed, so that they are saved again.
+
+    Example:
+        >>> tracker = GainTracker()
+        >>> tracker.gain, tracker.progress(samples=16, reference_batch=8), tracker.metrics()
+        (1.0, 16, {})
+    """
+
+    def __init__(self, noise: dict[str, float] | None = None) -> None:
+        self.noise: dict[str, float] = dict(noise or {})
+
+    @property
+    def gain(self) -> float:
+        """The last LR gain (1 here)."""
+        return 1.0
+
+    def load_noise(self, noise: dict[str, float]) -> None:
+        """Continue from the gradient statistics saved in a checkpoint."""
+        self.noise = dict(noise)
+
+    def attach(self, ddp_model: Any, world_size: int, has_comm_hook: bool) -> None:
+        """Called once the model is wrapped in DDP (a tracker may register a communication hook)."""
+
+    def step_gain(
+        self,
+        reduce_mean: Callable[[torch.Tensor], torch.Tensor],
+        world_size: int,
+        batch: int,
+        reference_batch: int,
+    ) -> float:
+        """The LR gain for this optimizer step, after its backward (1 here).
+
+        Args:
+            reduce_mean: the mean of a tensor over the ranks.
+            world_size: the number of processes.
+            batch: samples behind one rank's gradient (per-device batch x accumulation).
+            reference_batch: the reference configuration's global batch.
+        """
+        return 1.0
+
+    def progress(self, samples: int, reference_batch: int) -> float:
+        """What a :class:`SampleSchedule` advances by for a step that trained ``samples``."""
+        return samples
+
+    def metrics(self) -> dict[str, float]:
+        """What to log about the gain (nothing here)."""
+        return {}
+
+
 class ScalingRule(ABC):
-    """Maps a reference configuration to one for a new world size (see the module docstring)."""
+    """Maps a reference configuration to one for a new world size (see the module docstring).
+
+    Besides :meth:`adjust`, a rule declares what else it needs from the strategy:
+    :attr:`chooses_accumulation`, :attr:`chooses_micro_batch` with :meth:`micro_batch_plan`, and
+    :meth:`gain_tracker`.
+    """
 
     name: str = "rule"
     #: whether :meth:`adjust` chooses the gradient accumulation (it then ignores ``accumulation``)
     chooses_accumulation: bool = False
-    #: whether :meth:`adjust` chooses the per-device micro-batch (a resume may then change it)
+    #: whether :meth:`adjust` chooses the per-device micro-batch (a resume may then change it, and
+    #: the strategy's ``per_device_batch`` must be left to it)
     chooses_micro_batch: bool = False
+
+    def micro_batch_plan(self, world_size: int) -> MicroBatchPlan | None:
+        """The micro-batch and accumulation to train with on ``world_size`` processes; ``None``
+        (this base): the training loader's batch size and the launch's accumulation.
+
+        Raises:
+            ValueError: if the rule refuses ``world_size``.
+        """
+        return None
+
+    def describe(self, plan: MicroBatchPlan, loader_batch: int | None = None) -> str:
+        """One line saying what ``plan`` (from :meth:`micro_batch_plan`) runs.
+
+        Args:
+            plan: a plan of this rule.
+            loader_batch: the training loader's own ``batch_size``, said to be replaced when it
+                differs from the plan's micro-batch.
+        """
+        replaced = (
+            ""
+            if loader_batch in (None, plan.micro_batch)
+            else f" (the training loader's batch_size {loader_batch} is replaced)"
+        )
+        return (
+            f"global batch {plan.global_batch} on {plan.world_size} processes = micro-batch "
+            f"{plan.micro_batch} x accumulation {plan.accumulation}{replaced}"
+        )
+
+    def gain_tracker(self) -> GainTracker:
+        """A new tracker of the LR gain this rule measures while training (this base: none, gain 1)."""
+        return GainTracker()
 
     @abstractmethod
     def adjust(
@@ -125,10 +243,8 @@ class ScalingRule(ABC):
 
     @staticmethod
     def _factor(reference: TrainingConfig, world_size: int, accumulation: int, damping: float) -> float:
-        if world_size < 1:
-            raise ValueError(f"world_size must be at least 1, got {world_size}")
-        if not 0 <= damping <= 1:
-            raise ValueError(f"damping must be in [0, 1], got {damping}")
+        check_int("world_size", world_size, minimum=1)
+        check_real("damping", damping, minimum=0.0, maximum=1.0)
         k = world_size * reference.per_device_batch * accumulation / reference.global_batch
         return k**damping
 
@@ -152,9 +268,7 @@ class LinearScaling(ScalingRule):
     name = "linear"
 
     def __init__(self, warmup_steps: int = 5) -> None:
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be non-negative, got {warmup_steps}")
-        self.warmup_steps = warmup_steps
+        self.warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
 
     def adjust(
         self,
@@ -187,9 +301,9 @@ class SquareRootScaling(ScalingRule):
     name = "sqrt"
 
     def __init__(self, max_beta: float = 0.9999) -> None:
-        if not 0 < max_beta < 1:
-            raise ValueError(f"max_beta must be in (0, 1), got {max_beta}")
-        self.max_beta = max_beta
+        self.max_beta = check_real(
+            "max_beta", max_beta, minimum=0.0, maximum=1.0, min_open=True, max_open=True
+        )
 
     def adjust(
         self,
@@ -237,9 +351,7 @@ class KeepGlobalBatch(ScalingRule):
     chooses_accumulation = True
 
     def __init__(self, max_accumulation: int = 64) -> None:
-        if max_accumulation < 1:
-            raise ValueError(f"max_accumulation must be at least 1, got {max_accumulation}")
-        self.max_accumulation = max_accumulation
+        self.max_accumulation = check_int("max_accumulation", max_accumulation, minimum=1)
 
     def adjust(
         self,
@@ -277,10 +389,10 @@ class MomentumAwareScaling(ScalingRule):
     name = "momentum"
 
     def __init__(self, min_momentum: float = 0.0, max_momentum: float = 0.99) -> None:
-        if not 0 <= min_momentum <= max_momentum < 1:
-            raise ValueError(
-                f"expected 0 <= min_momentum <= max_momentum < 1, got {min_momentum} and {max_momentum}"
-            )
+        check_real("min_momentum", min_momentum, minimum=0.0, maximum=1.0, max_open=True)
+        check_real("max_momentum", max_momentum, minimum=0.0, maximum=1.0, max_open=True)
+        if min_momentum > max_momentum:
+            raise ValueError(f"min_momentum must be <= max_momentum, got {min_momentum} and {max_momentum}")
         self.min_momentum, self.max_momentum = min_momentum, max_momentum
 
     def adjust(
@@ -328,70 +440,6 @@ class NoScaling(ScalingRule):
         return replace(reference, world_size=world_size, accumulation=accumulation, warmup_samples=0)
 
 
-class AdaScale(NoScaling):
-    """AdaScale (Johnson et al. 2020): the LR gain is measured while training, not fixed.
-
-    :meth:`adjust` returns the reference hyperparameters at the new world size (LR, momentum and
-    betas unchanged); :class:`~lightning_bandlimit.strategies.ElasticDDPStrategy` then, at every
-    optimizer step, multiplies the scheduled LR by the gain ``r`` for the scale
-    ``S = global batch / reference global batch`` (``r`` in ``[1, S]`` when ``S >= 1``, in
-    ``[S, 1]`` when ``S < 1``) and advances a :class:`~lightning_bandlimit.strategies.SampleSchedule`
-    by ``r`` reference batches, so the schedule ends after the same amount of *progress* at any
-    scale. The gradient variance is estimated from the ranks' local gradients against the
-    all-reduced one (a DDP communication hook); with a single process the last estimate saved in
-    the checkpoint is used.
-
-    Args:
-        smoothing: weight of the newest estimate in the running averages of the gradient
-            variance and squared mean, in ``(0, 1]``.
-
-    Example:
-        >>> ref = TrainingConfig(world_size=1, per_device_batch=32, lr=0.1, momentum=0.9)
-        >>> new = AdaScale().adjust(ref, world_size=4)
-        >>> new.lr, new.global_batch
-        (0.1, 128)
-    """
-
-    name = "adascale"
-
-    def __init__(self, smoothing: float = 0.1) -> None:
-        if not 0 < smoothing <= 1:
-            raise ValueError(f"smoothing must be in (0, 1], got {smoothing}")
-        self.smoothing = smoothing
-
-
-def _registry() -> dict[str, type[ScalingRule]]:
-    rules = (NoScaling, LinearScaling, KeepGlobalBatch, MomentumAwareScaling, AdaScale, SquareRootScaling)
-    return {rule.name: rule for rule in rules}
-
-
-def rule_names() -> tuple[str, ...]:
-    """The :attr:`ScalingRule.name` of every rule this module defines.
-
-    Example:
-        >>> rule_names()
-        ('none', 'linear', 'keep-global-batch', 'momentum', 'adascale', 'sqrt')
-    """
-    return tuple(_registry())
-
-
-def rule_from_name(name: str, **kwargs: Any) -> ScalingRule:
-    """The rule whose :attr:`ScalingRule.name` is ``name``, constructed with ``kwargs``.
-
-    Args:
-        name: one of :func:`rule_names`.
-        **kwargs: the rule's arguments (e.g. ``warmup_steps`` for ``"linear"``).
-
-    Raises:
-        ValueError: for an unknown name.
-
-    Example:
-        >>> rule_from_name("linear", warmup_steps=0)
-        LinearScaling()
-    """
-    return _registry()[check_choice("rule", name, rule_names())](**kwargs)
-
-
 def default_rule(optimizer: torch.optim.Optimizer) -> ScalingRule:
     """The rule for an optimizer family: square-root for Adam-like, linear for others.
 
@@ -405,112 +453,3 @@ def default_rule(optimizer: torch.optim.Optimizer) -> ScalingRule:
         'linear'
     """
     return SquareRootScaling() if "betas" in optimizer.defaults else LinearScaling()
-
-
-def read_optimizer(
-    optimizer: torch.optim.Optimizer,
-    world_size: int,
-    per_device_batch: int,
-    accumulation: int,
-    lr: float | None = None,
-) -> TrainingConfig:
-    """The :class:`TrainingConfig` of a running optimizer (its first parameter group).
-
-    ``lr`` overrides the group's LR (e.g. with a schedule's base LR while the group's is mid-warmup).
-
-    Raises:
-        ValueError: for an optimizer without parameter groups or a non-positive LR.
-    """
-    if not optimizer.param_groups:
-        raise ValueError("the optimizer has no parameter groups")
-    group = optimizer.param_groups[0]
-    betas = group.get("betas")
-    return TrainingConfig(
-        world_size=world_size,
-        per_device_batch=per_device_batch,
-        accumulation=accumulation,
-        lr=float(group["lr"]) if lr is None else float(lr),
-        momentum=group.get("momentum"),
-        betas=tuple(float(b) for b in betas) if betas is not None else None,  # type: ignore[arg-type]
-        eps=group.get("eps"),
-    )
-
-
-def apply_to_optimizer(optimizer: torch.optim.Optimizer, old: TrainingConfig, new: TrainingConfig) -> None:
-    """Write ``new`` into every parameter group, keeping each group's LR ratio to the first.
-
-    Example:
-        >>> p = torch.zeros(1, requires_grad=True)
-        >>> opt = torch.optim.SGD([{"params": [p]}, {"params": [], "lr": 0.01}], lr=0.1, momentum=0.9)
-        >>> old = read_optimizer(opt, 1, 32, 1)
-        >>> apply_to_optimizer(opt, old, LinearScaling().adjust(old, 2))
-        >>> [g["lr"] for g in opt.param_groups]
-        [0.2, 0.02]
-    """
-    ratio = new.lr / old.lr
-    for group in optimizer.param_groups:
-        group["lr"] = group["lr"] * ratio
-        if "initial_lr" in group:
-            group["initial_lr"] = group["initial_lr"] * ratio
-        if new.momentum is not None and "momentum" in group:
-            group["momentum"] = new.momentum
-        if new.betas is not None and "betas" in group:
-            group["betas"] = tuple(new.betas)
-        if new.eps is not None and "eps" in group:
-            group["eps"] = new.eps
-
-
-def gradient_noise_statistics(local_sq_norm: float, global_sq_norm: float, scale: int) -> tuple[float, float]:
-    """Unbiased ``(sigma2, mu2)`` from gradient norms at two batch sizes (McCandlish et al. 2018).
-
-    ``local_sq_norm`` is the mean over ranks of ``|g_local|^2`` (batch b each), ``global_sq_norm``
-    is ``|g|^2`` of the all-reduced gradient (batch S b). With ``E|g_B|^2 = |G|^2 + tr(Sigma) / B``:
-    ``mu2 = |G|^2`` and ``sigma2 = tr(Sigma) / b``, the variance of one rank's gradient. The
-    gradient noise scale is ``B_simple = b * sigma2 / mu2``.
-
-    Args:
-        local_sq_norm: mean squared norm of the per-rank gradients.
-        global_sq_norm: squared norm of their mean.
-        scale: number of gradients averaged (ranks x micro-batches), at least 2.
-
-    Raises:
-        ValueError: if ``scale < 2``.
-
-    Example:
-        >>> gradient_noise_statistics(local_sq_norm=5.0, global_sq_norm=2.0, scale=4)
-        (4.0, 1.0)
-    """
-    if scale < 2:
-        raise ValueError(f"need gradients from at least 2 ranks or micro-batches, got scale={scale}")
-    mu2 = (scale * global_sq_norm - local_sq_norm) / (scale - 1)
-    sigma2 = (local_sq_norm - global_sq_norm) * scale / (scale - 1)
-    return sigma2, mu2
-
-
-def adascale_gain(sigma2: float, mu2: float, scale: float) -> float:
-    """AdaScale's gain ``r = (sigma2 + mu2) / (sigma2 / S + mu2)``, clipped between 1 and ``S``.
-
-    ``sigma2`` is the gradient variance at the *reference* batch, ``S`` the new global batch over
-    the reference one (below 1 for a smaller batch, giving a gain in ``[S, 1]``). Noisy estimates
-    can make either statistic negative; a non-positive ``mu2`` (all noise) gives the full gain
-    ``S``, a non-positive ``sigma2`` (no noise) gives 1.
-
-    Raises:
-        ValueError: if ``scale`` is not positive.
-
-    Example:
-        >>> adascale_gain(sigma2=4.0, mu2=1.0, scale=4)
-        2.5
-        >>> adascale_gain(sigma2=0.0, mu2=1.0, scale=4), adascale_gain(sigma2=1.0, mu2=0.0, scale=4)
-        (1.0, 4.0)
-        >>> adascale_gain(sigma2=1.0, mu2=1.0, scale=0.5)
-        0.6666666666666666
-    """
-    if not scale > 0:
-        raise ValueError(f"scale must be positive, got {scale}")
-    if sigma2 <= 0:
-        return 1.0
-    if mu2 <= 0:
-        return float(scale)
-    low, high = min(1.0, float(scale)), max(1.0, float(scale))
-    return min(high, max(low, (sigma2 + mu2) / (sigma2 / scale + mu2)))
