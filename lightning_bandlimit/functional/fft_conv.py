@@ -191,8 +191,9 @@ def fft_conv2d(
         ``(N, C_out, H_out, W_out)`` (or unbatched), as ``F.conv2d``.
 
     Raises:
-        TypeError: if ``compression`` is not a real number (e.g. ``"0.5"``, ``True``), or
-            ``input`` or ``weight`` is not a tensor.
+        TypeError: if ``compression`` is not a real number (e.g. ``"0.5"``, ``True``),
+            ``input``, ``weight`` or ``bias`` is not a tensor, or ``stride``, ``padding``,
+            ``dilation`` or ``groups`` is not an int (or a tuple of ints).
         ValueError: on a compression outside ``[0, 1)`` (or NaN), an unknown ``algorithm``, tensors of
             the wrong rank, a channel or group mismatch, or any argument ``F.conv2d`` would
             reject; the message names the expected and the given value.
