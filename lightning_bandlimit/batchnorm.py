@@ -22,6 +22,8 @@ import torch
 from lightning.fabric.utilities.apply_func import apply_to_collection
 from torch import nn
 
+from lightning_bandlimit.utils.validation import check_int
+
 __all__ = ["Forward", "RecentBatches", "batchnorm_modules", "default_forward", "recalibrate_batchnorm"]
 
 Forward = Callable[[nn.Module, Any], Any]
@@ -142,8 +144,7 @@ class RecentBatches:
     """
 
     def __init__(self, size: int) -> None:
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"size must be an int of at least 1, got {size!r}")
+        check_int("size", size, minimum=1)
         self._batches: collections.deque[Any] = collections.deque(maxlen=size)
 
     def __len__(self) -> int:

@@ -9,29 +9,33 @@ loads into the other).
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-from lightning_bandlimit.functional import check_compression, fft_conv1d, fft_conv2d, fft_grid, spectral_band
+from lightning_bandlimit.functional.algorithm import check_algorithm
+from lightning_bandlimit.functional.fft_conv import band_limited_conv
+from lightning_bandlimit.utils.validation import check_bool, check_compression
 
-__all__ = ["BandLimitedConv1d", "BandLimitedConv2d", "BandLimitedConvNd"]
+__all__ = [
+    "BANDLIMITED_TWINS",
+    "BandLimitedConv1d",
+    "BandLimitedConv2d",
+    "BandLimitedConvNd",
+    "swap_to_bandlimited",
+    "swap_to_plain",
+]
 
 _Self = TypeVar("_Self", bound="BandLimitedConvNd")
-_BANDLIMIT_ATTRIBUTES = ("_compression", "achieved_compression", "memory_lean", "algorithm")
+_BANDLIMIT_ATTRIBUTES = ("_compression", "achieved_compression", "memory_lean", "_algorithm")
 
 
-def _twin(source: nn.Module, cls: type, skip: tuple[str, ...] = ()) -> Any:
+def _twin(source: nn.Module, cls: type) -> Any:
     """A new ``cls`` object with ``source``'s state: containers copied, their contents shared."""
     twin = cls.__new__(cls)
     twin.__dict__.update(
-        {
-            k: copy.copy(v) if isinstance(v, (dict, set)) else v
-            for k, v in source.__dict__.items()
-            if k not in skip
-        }
+        {k: copy.copy(v) if isinstance(v, (dict, set)) else v for k, v in source.__dict__.items()}
     )
     return twin
 
@@ -51,24 +55,29 @@ class BandLimitedConvNd:
         algorithm: ``"auto"`` (default), ``"spectral"`` or ``"spatial"``: how the band-limited
             convolution is computed (``algorithm`` in
             :func:`~lightning_bandlimit.functional.fft_conv2d`; same result either way). Set it
-            to ``"spectral"`` to measure the frequency-domain kernel itself.
+            to ``"spectral"`` to measure the frequency-domain kernel itself; an unknown name is
+            refused when set.
+
+    ``compression`` and ``algorithm`` are checked when set (the constructor sets them too); the
+    forward pass trusts them.
     """
 
     _plain: type[nn.Module]  # the convolution class this one band-limits
-    _functional: Callable[..., torch.Tensor]  # fft_conv1d or fft_conv2d
     _compression: float
+    _algorithm: str = "auto"
     achieved_compression: float | None
     memory_lean: bool
-    algorithm: str = "auto"
 
     def __init__(self, *args: Any, compression: float = 0.0, memory_lean: bool = True, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._init_bandlimit(compression, memory_lean)
+        self.compression = compression
+        self.memory_lean = check_bool("memory_lean", memory_lean)
+        self.achieved_compression = None
 
     def _conv_forward(
         self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        out = type(self)._functional(
+        out, band = band_limited_conv(
             input,
             weight,
             bias,
@@ -76,20 +85,14 @@ class BandLimitedConvNd:
             self.padding,  # type: ignore[attr-defined]
             self.dilation,  # type: ignore[attr-defined]
             self.groups,  # type: ignore[attr-defined]
-            padding_mode=self.padding_mode,  # type: ignore[attr-defined]
-            compression=self._compression,
-            memory_lean=self.memory_lean and self.training,  # type: ignore[attr-defined]
-            algorithm=self.algorithm,
+            self.padding_mode,  # type: ignore[attr-defined]
+            self._compression,
+            len(self.kernel_size),  # type: ignore[attr-defined]
+            self.memory_lean and self.training,  # type: ignore[attr-defined]
+            self._algorithm,
         )
-        self._record_band(input)
+        self.achieved_compression = band.compression
         return out
-
-    def _init_bandlimit(self, compression: float, memory_lean: bool = True) -> None:
-        if not isinstance(memory_lean, bool):
-            raise TypeError(f"memory_lean must be a bool, got {memory_lean!r}")
-        self.compression = compression
-        self.achieved_compression = None
-        self.memory_lean = memory_lean
 
     @property
     def compression(self) -> float:
@@ -99,23 +102,34 @@ class BandLimitedConvNd:
     def compression(self, value: float) -> None:
         self._compression = check_compression(value)
 
+    @property
+    def algorithm(self) -> str:
+        return self._algorithm
+
+    @algorithm.setter
+    def algorithm(self, value: str) -> None:
+        self._algorithm = check_algorithm(value)
+
     @classmethod
     def from_conv(
         cls: type[_Self], conv: nn.Module, compression: float = 0.0, memory_lean: bool = True
     ) -> _Self:
         """A band-limited twin of ``conv`` that shares its ``Parameter`` objects.
 
-        Everything else (buffers, hooks, train/eval mode, user attributes) is copied, so the
-        twin behaves like ``conv`` except for the forward computation.
+        A shallow copy of ``conv`` (containers copied, so hooks, buffers and train/eval mode
+        carry over and a new ``Parameter`` on the twin does not leak back), converted in place by
+        :func:`swap_to_bandlimited`, the one module swap of the package (what
+        :func:`~lightning_bandlimit.surgery.bandlimit` does to a model's own modules; call that to
+        convert a model, and ``unbandlimit`` to turn it back).
 
         Args:
-            conv: an ``nn.Conv2d`` (for :class:`BandLimitedConv2d`) or ``nn.Conv1d``, or a
-                band-limited layer of the same dimensionality.
+            conv: an ``nn.Conv2d`` (for :class:`BandLimitedConv2d`) or ``nn.Conv1d``, exactly.
             compression: the twin's compression, in ``[0, 1)``.
             memory_lean: the twin's ``memory_lean`` (see the class attributes).
 
         Raises:
-            TypeError: if ``conv`` is not a plain convolution of the matching dimensionality.
+            TypeError: if ``conv`` is not a plain convolution of the matching dimensionality,
+                or as ``bandlimit``.
             ValueError: if ``compression`` is outside ``[0, 1)``.
 
         Example:
@@ -124,37 +138,17 @@ class BandLimitedConvNd:
             >>> twin.weight is conv.weight, twin.compression
             (True, 0.5)
         """
-        if type(conv) not in (cls._plain, cls):
+        if type(conv) is not cls._plain:
             raise TypeError(
                 f"{cls.__name__}.from_conv expects an {cls._plain.__module__}.{cls._plain.__name__} "
-                f"(not a subclass) or a {cls.__name__}, got {type(conv).__name__}"
+                f"(not a subclass), got {type(conv).__name__}"
             )
-        compression = check_compression(compression)
-        twin = _twin(conv, cls)
-        twin._init_bandlimit(compression, memory_lean)
-        return twin
-
-    def to_conv(self) -> nn.Module:
-        """The plain convolution this layer band-limits, sharing its ``Parameter`` objects.
-
-        The exact inverse of :meth:`from_conv`.
-
-        Example:
-            >>> layer = BandLimitedConv2d(3, 8, 3, compression=0.25)
-            >>> plain = layer.to_conv()
-            >>> type(plain).__name__, plain.weight is layer.weight
-            ('Conv2d', True)
-        """
-        return _twin(self, self._plain, skip=_BANDLIMIT_ATTRIBUTES)  # type: ignore[arg-type]
-
-    def _record_band(self, input: torch.Tensor) -> None:
-        spatial = tuple(input.shape[-len(self.kernel_size) :])  # type: ignore[attr-defined]
-        grid = fft_grid(spatial, self.kernel_size, self.padding, self.dilation)  # type: ignore[attr-defined]
-        self.achieved_compression = spectral_band(grid, self._compression).compression
+        compression, memory_lean = check_compression(compression), check_bool("memory_lean", memory_lean)
+        return swap_to_bandlimited(_twin(conv, cls._plain), compression, memory_lean)  # type: ignore[return-value]
 
     def extra_repr(self) -> str:
         lean = "" if self.memory_lean else ", memory_lean=False"
-        algorithm = "" if self.algorithm == "auto" else f", algorithm={self.algorithm!r}"
+        algorithm = "" if self._algorithm == "auto" else f", algorithm={self._algorithm!r}"
         return f"{super().extra_repr()}, compression={self._compression}{lean}{algorithm}"  # type: ignore[misc]
 
 
@@ -173,6 +167,7 @@ class BandLimitedConv2d(BandLimitedConvNd, nn.Conv2d):
             :class:`BandLimitedConvNd`).
 
     Raises:
+        TypeError: if ``compression`` is not a real number or ``memory_lean`` not a bool.
         ValueError: if ``compression`` is outside ``[0, 1)``, or as ``nn.Conv2d``.
 
     Example:
@@ -185,7 +180,6 @@ class BandLimitedConv2d(BandLimitedConvNd, nn.Conv2d):
     """
 
     _plain = nn.Conv2d
-    _functional = staticmethod(fft_conv2d)
 
 
 class BandLimitedConv1d(BandLimitedConvNd, nn.Conv1d):
@@ -201,7 +195,7 @@ class BandLimitedConv1d(BandLimitedConvNd, nn.Conv1d):
         memory_lean: as :class:`BandLimitedConv2d`.
 
     Raises:
-        ValueError: if ``compression`` is outside ``[0, 1)``, or as ``nn.Conv1d``.
+        TypeError, ValueError: as :class:`BandLimitedConv2d`.
 
     Example:
         >>> layer = BandLimitedConv1d(2, 4, kernel_size=5, padding="same", compression=0.75)
@@ -210,4 +204,32 @@ class BandLimitedConv1d(BandLimitedConvNd, nn.Conv1d):
     """
 
     _plain = nn.Conv1d
-    _functional = staticmethod(fft_conv1d)
+
+
+BANDLIMITED_TWINS: dict[type[nn.Module], type[BandLimitedConvNd]] = {
+    nn.Conv1d: BandLimitedConv1d,
+    nn.Conv2d: BandLimitedConv2d,
+}
+"""The band-limited twin of each plain convolution class (exact types; subclasses have none)."""
+
+
+def swap_to_bandlimited(conv: nn.Module, compression: float, memory_lean: bool) -> BandLimitedConvNd:
+    """Turn ``conv`` (exactly an ``nn.Conv1d`` / ``nn.Conv2d``) into its band-limited twin, in place.
+
+    The object stays: only its class changes and the band-limited attributes are added, so
+    parameters, buffers, hooks and any reference to it stay valid. The swap behind
+    :func:`~lightning_bandlimit.surgery.bandlimit` and :meth:`BandLimitedConvNd.from_conv`; it
+    trusts its arguments (its callers check them).
+    """
+    conv.__class__ = BANDLIMITED_TWINS[type(conv)]
+    layer: BandLimitedConvNd = conv  # type: ignore[assignment]
+    layer._compression, layer.memory_lean, layer.achieved_compression = compression, memory_lean, None
+    return layer
+
+
+def swap_to_plain(layer: BandLimitedConvNd) -> nn.Module:
+    """The exact inverse of :func:`swap_to_bandlimited`: the same object, its plain class again."""
+    for attribute in _BANDLIMIT_ATTRIBUTES:
+        layer.__dict__.pop(attribute, None)
+    layer.__class__ = layer._plain  # type: ignore[assignment]
+    return layer  # type: ignore[return-value]

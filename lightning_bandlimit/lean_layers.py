@@ -2,7 +2,7 @@
 
 Each subclasses the ``torch.nn`` module it replaces (same parameters, buffers, ``state_dict``
 keys, ``repr``) and only changes what autograd keeps for backward, through the ops of
-:mod:`lightning_bandlimit.functional.lean_ops`: a ReLU keeps a bit mask, a BatchNorm keeps its
+:mod:`lightning_bandlimit.functional.lean.ops`: a ReLU keeps a bit mask, a BatchNorm keeps its
 input as the spectrum a band-limited convolution handed over, a convolution after
 ``BatchNorm -> ReLU`` keeps nothing new, a max-pool keeps one byte per output. The results and
 gradients equal those of the plain modules (to round-off). Outside training with gradients
@@ -23,17 +23,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_bandlimit.functional import lean_ops
-from lightning_bandlimit.functional.fft_conv import _FFTConv
-from lightning_bandlimit.functional.lean_ops import (
+from lightning_bandlimit.functional.lean.ops import (
+    BatchNormFunction,
+    MaxPool2dFunction,
+    ReluFunction,
     lean_batch_norm,
     lean_conv,
     lean_max_pool2d,
     lean_relu,
     lean_wanted,
 )
-from lightning_bandlimit.functional.sources import lookup
-from lightning_bandlimit.functional.spatial_conv import _SpatialConv
+from lightning_bandlimit.functional.lean.sources import lookup
+from lightning_bandlimit.functional.spatial_conv import SpatialConvFunction
+from lightning_bandlimit.functional.spectral_kernel import FFTConvFunction
 
 
 def _band_limited(input: torch.Tensor) -> bool:
@@ -54,7 +56,7 @@ def _band_limited(input: torch.Tensor) -> bool:
 @functools.cache
 def _lean_nodes() -> frozenset[type]:
     """Autograd node types of the ops that run only at a compression above 0."""
-    functions = (_FFTConv, _SpatialConv, lean_ops._BatchNorm, lean_ops._Relu, lean_ops._MaxPool2d)
+    functions = (FFTConvFunction, SpatialConvFunction, BatchNormFunction, ReluFunction, MaxPool2dFunction)
     return frozenset(f._backward_cls for f in functions)
 
 

@@ -43,8 +43,13 @@ import torch
 import torch.utils.checkpoint
 from torch import fx, nn
 
-from lightning_bandlimit.functional.fft_conv import analyse, conv_from_spectrum, input_plan, spectrum_bytes
-from lightning_bandlimit.functional.lean_ops import conv_dtype, conv_function, stride_grid
+from lightning_bandlimit.functional.lean.ops import conv_dtype, conv_function, stride_grid
+from lightning_bandlimit.functional.spectral_kernel import (
+    analyse,
+    conv_from_spectrum,
+    input_plan,
+    spectrum_bytes,
+)
 from lightning_bandlimit.layers import BandLimitedConvNd
 
 __all__ = ["BlockPlan", "block_plan", "can_keep_spectrum", "checkpoint_from_spectrum", "spectral_fallback"]
@@ -343,7 +348,7 @@ def checkpoint_from_spectrum(
     for reader in readers:
         if reader.plan is not None:
             held.append(_Hold.apply(analyse(x, reader.plan, len(reader.conv.kernel_size))))
-            reader.conv._record_band(x)  # type: ignore[operator]
+            reader.conv.achieved_compression = reader.plan.band.compression
         else:
             # a copy, not a view: x's storage is freed
             pixels = stride_grid(x, reader.conv.stride).clone(memory_format=torch.contiguous_format)

@@ -29,16 +29,17 @@ from collections.abc import Iterator, Sequence
 
 from torch import nn
 
-from lightning_bandlimit.functional import check_compression
-from lightning_bandlimit.layers import BandLimitedConv1d, BandLimitedConv2d, BandLimitedConvNd
+from lightning_bandlimit.layers import (
+    BANDLIMITED_TWINS,
+    BandLimitedConvNd,
+    swap_to_bandlimited,
+    swap_to_plain,
+)
 from lightning_bandlimit.lean_layers import LEAN_TWINS, LeanModule
+from lightning_bandlimit.utils.validation import check_bool, check_compression
 
 __all__ = ["bandlimit", "bandlimited_layers", "normalize_patterns", "set_compression", "unbandlimit"]
 
-_TWINS: dict[type[nn.Module], type[BandLimitedConvNd]] = {
-    nn.Conv1d: BandLimitedConv1d,
-    nn.Conv2d: BandLimitedConv2d,
-}
 
 Patterns = str | Sequence[str] | None
 
@@ -125,8 +126,8 @@ def bandlimit(
 
     Raises:
         ValueError: if ``compression`` is outside ``[0, 1)``.
-        TypeError: if a pattern argument is not a string or a sequence of strings, or
-            ``pointwise`` / ``memory_lean`` is not a bool.
+        TypeError: if ``compression`` is not a real number, a pattern argument is not a string
+            or a sequence of strings, or ``pointwise`` / ``memory_lean`` is not a bool.
 
     Example:
         >>> model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 1))
@@ -146,21 +147,19 @@ def bandlimit(
         ReLU()
     """
     compression = check_compression(compression)
-    for name, flag in (("pointwise", pointwise), ("memory_lean", memory_lean)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    check_bool("pointwise", pointwise)
+    check_bool("memory_lean", memory_lean)
     inc, exc = normalize_patterns("include", include), normalize_patterns("exclude", exclude)
     selected = [module for name, module in model.named_modules() if _selected(name, inc, exc)]
     chosen = [
         module
         for module in selected
-        if type(module) in _TWINS and (pointwise or any(k != 1 for k in module.kernel_size))  # type: ignore[union-attr]
+        if type(module) in BANDLIMITED_TWINS and (pointwise or any(k != 1 for k in module.kernel_size))  # type: ignore[union-attr]
     ]
     converted = {id(m) for m in chosen}
     companions = [m for m in selected if memory_lean and type(m) in LEAN_TWINS and id(m) not in converted]
     for module in chosen:
-        module.__class__ = _TWINS[type(module)]  # type: ignore[assignment]
-        module._init_bandlimit(compression, memory_lean)  # type: ignore[operator]
+        swap_to_bandlimited(module, compression, memory_lean)
     for module in companions:
         module.__class__ = LEAN_TWINS[type(module)]  # type: ignore[assignment]
     return model
@@ -185,8 +184,7 @@ def unbandlimit(model: nn.Module) -> nn.Module:
     chosen = [module for _, module in bandlimited_layers(model)]
     lean = [module for module in model.modules() if isinstance(module, LeanModule)]
     for module in chosen:
-        del module._compression, module.achieved_compression, module.memory_lean
-        module.__class__ = module._plain
+        swap_to_plain(module)
     for module in lean:
         module.__class__ = module._plain  # type: ignore[assignment]
     return model

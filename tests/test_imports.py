@@ -141,3 +141,55 @@ def test_imports_flow_down_the_layers(module: str) -> None:
         pytest.skip("the package's __init__ re-exports the public API from every layer")
     upward = sorted(t for t in _graph()[module] if _layer(t) > _layer(module))
     assert not upward, f"{module} (layer {_layer(module)}) imports a higher layer: {upward}"
+
+
+def _private_imports(name: str, source: str) -> list[str]:
+    """``from <a lightning_bandlimit module> import _name`` in ``source`` (relative imports too).
+
+    ``name`` is the importing module's dotted name (a package's is its own). Dunder names such as
+    ``__version__`` are public.
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level:
+            is_package = name in _modules() and _modules()[name].name == "__init__.py"
+            base = name.split(".") if is_package else name.split(".")[:-1]
+            base = base[: len(base) - node.level + 1]
+            module = ".".join(base + ([node.module] if node.module else []))
+        else:
+            module = node.module or ""
+        if module != PACKAGE and not module.startswith(PACKAGE + "."):
+            continue
+        for alias in node.names:
+            if alias.name.startswith("_") and not (alias.name.startswith("__") and alias.name.endswith("__")):
+                found.append(f"{module}.{alias.name}")
+    return found
+
+
+def test_private_import_finder() -> None:
+    source = (
+        "from lightning_bandlimit.functional.dft_plan import _positions, dft_plan\n"
+        "from .protocol import _describe\n"
+        "from .. import __version__\n"
+        "from torch import _C\n"
+        "def f():\n    from lightning_bandlimit.memory import _torch\n"
+    )
+    assert _private_imports("lightning_bandlimit.memory.host", source) == [
+        "lightning_bandlimit.functional.dft_plan._positions",
+        "lightning_bandlimit.memory.protocol._describe",
+        "lightning_bandlimit.memory._torch",
+    ]
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    """A name another module needs is public (no underscore, in its module's ``__all__``)."""
+    found = {
+        name: imports
+        for name, path in _modules().items()
+        if (imports := _private_imports(name, path.read_text()))
+    }
+    assert not found, "private names imported across modules: " + "; ".join(
+        f"{name} imports {', '.join(imports)}" for name, imports in sorted(found.items())
+    )

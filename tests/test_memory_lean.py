@@ -17,11 +17,12 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lightning_bandlimit import SavedTensorMeter, bandlimit, set_compression, unbandlimit
-from lightning_bandlimit.functional import fft_conv2d, sources
+from lightning_bandlimit.functional import fft_conv2d
 from lightning_bandlimit.functional.dft_plan import dft_plan
-from lightning_bandlimit.functional.fft_conv import _batch_slices
 from lightning_bandlimit.functional.geometry import resolve_geometry
-from lightning_bandlimit.functional.lean_ops import lean_max_pool2d, lean_relu, pack_mask, unpack_mask
+from lightning_bandlimit.functional.lean import sources
+from lightning_bandlimit.functional.lean.ops import lean_max_pool2d, lean_relu, pack_mask, unpack_mask
+from lightning_bandlimit.functional.spectral_kernel import _batch_slices
 from lightning_bandlimit.lean_layers import LeanBatchNorm2d, LeanModule, LeanReLU
 from lightning_bandlimit.models.backbones import cifar_resnet18
 

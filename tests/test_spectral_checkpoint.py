@@ -9,8 +9,8 @@ import torchvision
 from torch import nn
 
 from lightning_bandlimit.checkpointing import checkpoint, checkpoint_units, uncheckpoint
-from lightning_bandlimit.functional.fft_conv import input_plan, spectrum_bytes
-from lightning_bandlimit.functional.lean_ops import pack_mask
+from lightning_bandlimit.functional.lean.ops import pack_mask
+from lightning_bandlimit.functional.spectral_kernel import input_plan, spectrum_bytes
 from lightning_bandlimit.models import cifar_resnet18
 from lightning_bandlimit.models.backbones import _BasicBlock
 from lightning_bandlimit.saved_tensors import SavedTensorMeter

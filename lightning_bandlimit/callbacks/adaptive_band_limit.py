@@ -9,44 +9,30 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
 from typing_extensions import override
 
 from lightning_bandlimit.batchnorm import Forward
 from lightning_bandlimit.callbacks.band_limit import BandLimit
-from lightning_bandlimit.checkpointing import CheckpointStages, UnitProfile, checkpoint_units
+from lightning_bandlimit.callbacks.checkpoint_rungs import FallbackReport, find_stages
+from lightning_bandlimit.callbacks.ladder_decisions import agree_across_ranks, decision_record, log_decision
+from lightning_bandlimit.callbacks.out_of_memory import (
+    free_memory,
+    guard_training_step,
+    unguard_training_step,
+)
+from lightning_bandlimit.checkpointing import CheckpointStages, UnitProfile
 from lightning_bandlimit.memory.ladder import LadderController, LadderDecision, Setting
 from lightning_bandlimit.memory.memory_model import OOM
-from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable, auto_probe
+from lightning_bandlimit.memory.probes import MemoryProbe, ProbeUnavailable, auto_probe
 from lightning_bandlimit.memory.process import release_cached_memory
 from lightning_bandlimit.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.surgery import Patterns, normalize_patterns
-from lightning_bandlimit.utils.validation import check_int
+from lightning_bandlimit.utils.validation import check_choice, check_compression, check_int
 
 LEVERS = ("checkpoint", "compression")
 CONTINUUM_RUNGS = ("auto", "top", "zero")
 
 __all__ = ["AdaptiveBandLimit"]
-
-_REASON_CODES = {"lower": -1.0, "hold": 0.0, "raise": 1.0, "oom": 2.0}
-
-
-def _is_out_of_memory(error: BaseException) -> bool:
-    if is_oom_error(error):
-        return True
-    # Lightning's test wants a one-argument RuntimeError naming CUDA or DefaultCPUAllocator; this
-    # also catches host MemoryError, a CUDA OOM error raised with other arguments, other devices'
-    # "out of memory" (MPS, XPU) and allocators' "can't allocate memory".
-    if isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)):
-        return True
-    text = str(error)
-    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
-
-
-def _free_memory(device: torch.device | None) -> None:
-    garbage_collection_cuda()  # gc.collect() and torch.cuda.empty_cache()
-    if device is None or device.type != "cuda":
-        release_cached_memory(device)  # the host's allocator too (malloc_trim), which Lightning leaves alone
 
 
 class AdaptiveBandLimit(BandLimit):
@@ -118,7 +104,8 @@ class AdaptiveBandLimit(BandLimit):
     the collectives.
 
     Args:
-        compression: starting compression (clamped into the bounds).
+        compression: starting compression, in ``[0, 1)`` (refused outside, as by
+            :class:`BandLimit`), then clamped into ``[min_compression, max_compression]``.
         min_free: free memory to keep: bytes, or a fraction of the total when below 1.
         release_free: free memory above which levers are given back (same unit).
         min_compression: lower bound of the compression (the exact rungs run at it).
@@ -152,7 +139,7 @@ class AdaptiveBandLimit(BandLimit):
             ``margin``).
 
     Raises:
-        ValueError: for bounds, thresholds, steps or levers out of range.
+        ValueError: for a compression, bounds, thresholds, steps or levers out of range.
         TypeError: for arguments of the wrong type.
 
     Example:
@@ -185,10 +172,11 @@ class AdaptiveBandLimit(BandLimit):
         bn_forward: Forward | None = None,
         **controller_kwargs: Any,
     ) -> None:
+        compression = check_compression(compression)  # refused as BandLimit refuses it, then clamped
         levers = _check_levers(levers)
-        if continuum_rung not in CONTINUUM_RUNGS:
-            raise ValueError(f"continuum_rung must be one of {list(CONTINUUM_RUNGS)}, got {continuum_rung!r}")
+        check_choice("continuum_rung", continuum_rung, CONTINUUM_RUNGS)
         if "compression" not in levers:
+            check_compression(max_compression, "max_compression")  # unused then, but refused alike
             max_compression = min_compression
         self.controller = LadderController(
             min_free=min_free,
@@ -223,7 +211,7 @@ class AdaptiveBandLimit(BandLimit):
         self._profile: UnitProfile | None = None
         self._measured_profile = True  # False: the profile runs with every unit checkpointed
         self._oom_while_profiling: int | None = None  # the step whose profile ran out of memory
-        self._fallbacks_reported: set[str] = set()
+        self._fallbacks = FallbackReport()
         self._saved_stages: list[list[str]] | None = None  # from a checkpoint, until applied
         self._meter: SavedTensorMeter | None = None
         self._job_peak: int | None = None
@@ -249,30 +237,15 @@ class AdaptiveBandLimit(BandLimit):
         if self.probe is None and self._probe_spec == "auto":
             self.probe = auto_probe(self._device)  # warns once itself when it falls back or gives up
         if stage == "fit" and "checkpoint" in self.levers and self._stages is None:
-            self._setup_units(pl_module)
+            self._stages = find_stages(pl_module, self.checkpoint_units)
         if stage == "fit" and self.oom_backstop:
             if trainer.world_size > 1:
                 rank_zero_info(
                     "AdaptiveBandLimit: the out-of-memory backstop is off under multi-process training"
                 )
             elif self._guarded is None:
-                self._guard_training_step(trainer, pl_module)
-
-    def _setup_units(self, pl_module: pl.LightningModule) -> None:
-        units = checkpoint_units(pl_module, include=self.checkpoint_units)
-        if units:
-            self._stages = CheckpointStages(units)
-        elif self.checkpoint_units is not None:
-            rank_zero_warn(
-                f"AdaptiveBandLimit: checkpoint_units={list(self.checkpoint_units)} matches no module of "
-                f"{type(pl_module).__name__}; the ladder has no checkpointing rungs"
-            )
-        else:
-            rank_zero_info(
-                f"AdaptiveBandLimit: no checkpointable units (residual blocks) found in "
-                f"{type(pl_module).__name__}; the ladder is the compression alone (name units with "
-                "checkpoint_units=[...])"
-            )
+                guard_training_step(pl_module, lambda: self._recover_from_oom(trainer))
+                self._guarded = pl_module
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -372,24 +345,12 @@ class AdaptiveBandLimit(BandLimit):
             if message is not None:
                 rank_zero_info(f"AdaptiveBandLimit: {message}")
         self._step_started = None
-        self._report_fallbacks()
+        if self._stages is not None and self.compression > 0 and self.controller.continuum_on_top:
+            self._fallbacks(self._stages, self.compression)  # units kept in full at this compression
         self._check(trainer, pl_module)
         if self._stages is not None and self._stages.stages is not None and self._stages.rung != self.rung:
             self._stages.apply(self.rung)  # between optimizer steps
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # logs the outcome
-
-    def _report_fallbacks(self) -> None:
-        """Say once which checkpointed units keep their full input at a band-limiting compression."""
-        if self._stages is None or self.compression <= 0 or not self.controller.continuum_on_top:
-            return
-        fallbacks = self._stages.fallbacks()
-        if fallbacks and fallbacks.keys() != self._fallbacks_reported:
-            self._fallbacks_reported = set(fallbacks)
-            details = "; ".join(f"{name}: {reason}" for name, reason in fallbacks.items())
-            rank_zero_info(
-                f"AdaptiveBandLimit: {len(fallbacks)} checkpointed units keep their full input "
-                f"(ordinary checkpointing) at compression {self.compression:.3f}: {details}"
-            )
 
     @override
     def _should_log(self, trainer: pl.Trainer) -> bool:
@@ -414,30 +375,11 @@ class AdaptiveBandLimit(BandLimit):
         else:
             peak = self._job_peak
         if trainer.world_size > 1:
-            reading, peak = self._agree(trainer, reading, peak)
+            reading, peak = agree_across_ranks(trainer.strategy, self.controller, reading, peak, self._device)
         ran = Setting(self._stages.rung if self._stages is not None else 0, self.compression)
         if peak:
             self.controller.observe(ran, float(peak))
         self._apply(trainer, pl_module, self.controller.decide(reading, self.setting), peak)
-
-    def _agree(
-        self, trainer: pl.Trainer, reading: MemoryReading, peak: int | None
-    ) -> tuple[MemoryReading, int | None]:
-        """What every rank decides from: the least free memory and total, the largest peak, the
-        lowest top rung of any rank, and the continuum on the top rung only if every rank's blocks
-        keep their spectrum. Fed the same, the ranks' controllers take the same decision."""
-        on_top = float(self.controller.continuum_on_top)
-        mine = [-reading.free, -reading.total, float(peak or 0), -self.controller.top, -on_top]
-        agreed = trainer.strategy.reduce(
-            torch.tensor(mine, dtype=torch.float64, device=self._device), reduce_op="max"
-        ).tolist()
-        self.controller.top = int(round(-agreed[3]))
-        self.controller.set_continuum_on_top(-agreed[4] > 0.5)  # on the top rung only if on every rank
-        total = int(round(-agreed[1]))
-        agreed_reading = MemoryReading(
-            total=total, free=min(int(round(-agreed[0])), total), source=reading.source
-        )
-        return agreed_reading, int(agreed[2]) or None
 
     def _apply(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: LadderDecision, peak: int | None
@@ -460,93 +402,58 @@ class AdaptiveBandLimit(BandLimit):
                 f"AdaptiveBandLimit: step {trainer.global_step}: {', '.join(changes)} ({decision.reason}: "
                 f"{decision.free / 2**20:.0f} MiB free, threshold {decision.threshold / 2**20:.0f} MiB)"
             )
-        slowdown = self.controller.slowdown(self.rung)
-        record = {
-            "step": trainer.global_step,
-            "rung": self.rung,
-            "checkpointed_units": self._units_at(self.rung),
-            "compression": self.compression,
-            "reason": decision.reason,
-            "free_bytes": decision.free,
-            "job_peak_bytes": peak,
-            "slowdown": slowdown,
-        }
-        self.decisions.append(record)
-        name = type(self).__name__
-        pl_module.log(f"{name}/free_bytes", float(decision.free), on_step=True, on_epoch=False)
-        pl_module.log(f"{name}/decision", _REASON_CODES[decision.reason], on_step=True, on_epoch=False)
-        pl_module.log(f"{name}/rung", float(self.rung), on_step=True, on_epoch=False)
-        pl_module.log(
-            f"{name}/checkpointed_units", float(record["checkpointed_units"]), on_step=True, on_epoch=False
+        record = decision_record(
+            trainer.global_step,
+            self.rung,
+            self._units_at(self.rung),
+            self.compression,
+            decision.reason,
+            decision.free,
+            peak,
+            self.controller.slowdown(self.rung),
         )
-        if slowdown is not None:
-            pl_module.log(f"{name}/slowdown", slowdown, on_step=True, on_epoch=False)
-        if peak:
-            pl_module.log(f"{name}/job_peak_bytes", float(peak), on_step=True, on_epoch=False)
+        self.decisions.append(record)
+        log_decision(pl_module, type(self).__name__, record)
 
     def _units_at(self, rung: int) -> int:
         stages = self._stages.stages if self._stages is not None else None
         return sum(len(stage) for stage in stages[:rung]) if stages else 0
 
-    def _guard_training_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        original = pl_module.training_step
-
-        def training_step(*args: Any, **kwargs: Any) -> Any:
-            failed = False
-            try:
-                return original(*args, **kwargs)
-            except Exception as error:  # noqa: BLE001 - re-raised unless it is an OOM
-                if not _is_out_of_memory(error):
-                    raise
-                failed = True  # recover outside the except: its traceback pins tensors
-            if failed:
-                profiling = self._profile is not None
-                if profiling:  # the profile is incomplete: measure the units again, checkpointed
-                    self._profile.__exit__(None, None, None)
-                    self._profile = None
-                self._stop_meters()
-                self._job_peak = None  # the failed attempt's, not the retry's
-                _free_memory(self._device)
-                previous = self.setting
-                if profiling:
-                    assert self._stages is not None
-                    self._measured_profile = False
-                    self._profile = self._stages.profile(checkpointed=True).__enter__()
-                    rank_zero_warn(
-                        f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step} "
-                        "(the first, which measures the units); retrying the batch once with every unit "
-                        "checkpointed"
-                    )
-                    self._oom_while_profiling = trainer.global_step  # kept once the retry measured the stages
-                    return original(*args, **kwargs)
-                retry = self.controller.on_oom(previous)
-                self.compression, self.rung = retry.compression, retry.rung
-                if self._stages is not None and self._stages.stages is not None:
-                    self._stages.apply(self.rung)
-                rank_zero_warn(
-                    f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step}; "
-                    f"retrying the batch once at rung {self.rung}, compression {self.compression:.3f} "
-                    f"(was rung {previous.rung}, compression {previous.compression:.3f})"
-                )
-                self._record_oom(trainer.global_step, units=self._units_at(self.rung))
-            return original(*args, **kwargs)
-
-        pl_module.training_step = training_step  # type: ignore[method-assign]
-        self._guarded = pl_module
+    def _recover_from_oom(self, trainer: pl.Trainer) -> None:
+        """An out-of-memory error in ``training_step``: move to a setting that needs less memory
+        before the batch runs again (:func:`~.out_of_memory.guard_training_step`)."""
+        profiling = self._profile is not None
+        if profiling:  # the profile is incomplete: measure the units again, checkpointed
+            self._profile.__exit__(None, None, None)
+            self._profile = None
+        self._stop_meters()
+        self._job_peak = None  # the failed attempt's, not the retry's
+        free_memory(self._device)
+        previous = self.setting
+        if profiling:
+            assert self._stages is not None
+            self._measured_profile = False
+            self._profile = self._stages.profile(checkpointed=True).__enter__()
+            rank_zero_warn(
+                f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step} "
+                "(the first, which measures the units); retrying the batch once with every unit "
+                "checkpointed"
+            )
+            self._oom_while_profiling = trainer.global_step  # kept once the retry measured the stages
+            return
+        retry = self.controller.on_oom(previous)
+        self.compression, self.rung = retry.compression, retry.rung
+        if self._stages is not None and self._stages.stages is not None:
+            self._stages.apply(self.rung)
+        rank_zero_warn(
+            f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step}; "
+            f"retrying the batch once at rung {self.rung}, compression {self.compression:.3f} "
+            f"(was rung {previous.rung}, compression {previous.compression:.3f})"
+        )
+        self._record_oom(trainer.global_step, units=self._units_at(self.rung))
 
     def _record_oom(self, step: int, units: int) -> None:
-        self.decisions.append(
-            {
-                "step": step,
-                "rung": self.rung,
-                "checkpointed_units": units,
-                "compression": self.compression,
-                "reason": OOM,
-                "free_bytes": None,
-                "job_peak_bytes": None,
-                "slowdown": None,
-            }
-        )
+        self.decisions.append(decision_record(step, self.rung, units, self.compression, OOM))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -556,7 +463,7 @@ class AdaptiveBandLimit(BandLimit):
             self._stages.release()  # the user's model as it was; a next fit re-applies the rung
             self._stages = None
         if self._guarded is not None:
-            del self._guarded.training_step  # back to the class's method
+            unguard_training_step(self._guarded)
             self._guarded = None
         if self.probe is not None and self._probe_spec == "auto":
             self.probe.close()

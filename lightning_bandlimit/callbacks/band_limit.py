@@ -12,7 +12,6 @@ from torch import nn
 from typing_extensions import override
 
 from lightning_bandlimit.batchnorm import Forward, RecentBatches, batchnorm_modules, recalibrate_batchnorm
-from lightning_bandlimit.functional import check_compression
 from lightning_bandlimit.layers import BandLimitedConvNd
 from lightning_bandlimit.surgery import (
     Patterns,
@@ -21,6 +20,7 @@ from lightning_bandlimit.surgery import (
     normalize_patterns,
     unbandlimit,
 )
+from lightning_bandlimit.utils.validation import check_bool, check_compression, check_int
 
 __all__ = ["BandLimit"]
 
@@ -71,8 +71,9 @@ class BandLimit(Callback):
 
     Raises:
         ValueError: if ``compression`` is outside ``[0, 1)`` or ``recalibrate_bn`` is negative.
-        TypeError: if a pattern argument is not a string or a sequence of strings, or
-            ``bn_forward`` is not callable.
+        TypeError: if ``compression`` is not a real number, ``recalibrate_bn`` not an int, a
+            flag not a bool, a pattern argument not a string or a sequence of strings, or
+            ``bn_forward`` not callable.
 
     Example:
         >>> from lightning_bandlimit.models import ImageClassifier
@@ -103,21 +104,10 @@ class BandLimit(Callback):
         self._compression = check_compression(compression)
         self.include = normalize_patterns("include", include)
         self.exclude = normalize_patterns("exclude", exclude)
-        flags = {
-            "pointwise": pointwise,
-            "restore_on_teardown": restore_on_teardown,
-            "memory_lean": memory_lean,
-        }
-        for name, flag in flags.items():
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be a bool, got {flag!r}")
-        self.pointwise = pointwise
-        self.memory_lean = memory_lean
-        self.restore_on_teardown = restore_on_teardown
-        if not isinstance(recalibrate_bn, int) or isinstance(recalibrate_bn, bool) or recalibrate_bn < 0:
-            raise ValueError(
-                f"recalibrate_bn must be an int >= 0 (a number of batches; 0: off), got {recalibrate_bn!r}"
-            )
+        self.pointwise = check_bool("pointwise", pointwise)
+        self.restore_on_teardown = check_bool("restore_on_teardown", restore_on_teardown)
+        self.memory_lean = check_bool("memory_lean", memory_lean)
+        check_int("recalibrate_bn", recalibrate_bn, minimum=0)  # a number of batches; 0: off
         if bn_forward is not None and not callable(bn_forward):
             raise TypeError(
                 f"bn_forward must be callable as bn_forward(pl_module, batch), got {bn_forward!r}"

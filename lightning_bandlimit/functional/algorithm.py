@@ -4,7 +4,7 @@ Three exact algorithms share one band semantics:
 
 * ``"native"``: the band keeps every coefficient of its grid (e.g. ``compression=0``), so the
   layer *is* the convolution: ``F.conv2d`` itself.
-* ``"spectral"``: the frequency-domain algorithm of :mod:`.fft_conv` (DFT matrices, channel
+* ``"spectral"``: the frequency-domain algorithm of :mod:`.spectral_kernel` (DFT matrices, channel
   mixing per kept frequency). Its mixing shrinks with the band, but its transforms and its
   filter spectrum (``2 F`` coefficients per kernel, read and written once per pass, whatever the
   batch) do not.
@@ -17,7 +17,7 @@ traffic) and takes the cheapest; the choice is cached per shape. The model was f
 2-core x86 CPU with the ResNet-18 layer shapes of ``benchmarks/conv.py``; it is deterministic
 (no timing at run time), so every process and every rank makes the same choice. In memory-lean
 training a layer whose kept output spectrum is smaller than its output stays spectral: only that
-algorithm can hand the next BatchNorm its input as that spectrum (:mod:`.sources`).
+algorithm can hand the next BatchNorm its input as that spectrum (:mod:`.lean.sources`).
 """
 
 from __future__ import annotations

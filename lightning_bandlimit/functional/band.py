@@ -16,31 +16,9 @@ import functools
 import math
 from dataclasses import dataclass
 
-__all__ = ["SpectralBand", "check_compression", "spectral_band"]
+from lightning_bandlimit.utils.validation import check_compression
 
-
-def check_compression(compression: float) -> float:
-    """Validate a compression rate and return it as a ``float``.
-
-    Args:
-        compression: fraction of spectral coefficients to discard, in ``[0, 1)``.
-
-    Raises:
-        ValueError: if ``compression`` is not a real number in ``[0, 1)``.
-
-    Example:
-        >>> check_compression(0.5)
-        0.5
-    """
-    if isinstance(compression, bool) or not isinstance(compression, (int, float)):
-        raise ValueError(
-            f"compression must be a real number in [0, 1), got {compression!r} "
-            f"of type {type(compression).__name__}"
-        )
-    value = float(compression)
-    if not 0.0 <= value < 1.0:
-        raise ValueError(f"compression must be in [0, 1), got {value}")
-    return value
+__all__ = ["SpectralBand", "check_compression", "quantised_band", "spectral_band"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +70,8 @@ def spectral_band(grid: tuple[int, int], compression: float) -> SpectralBand:
         compression: requested fraction of one-sided coefficients to discard, in ``[0, 1)``.
 
     Raises:
+        TypeError: if ``compression`` is not a real number
+            (:func:`~lightning_bandlimit.utils.validation.check_compression`).
         ValueError: if ``compression`` is outside ``[0, 1)`` or ``grid`` is not two
             positive integers.
 
@@ -110,12 +90,17 @@ def spectral_band(grid: tuple[int, int], compression: float) -> SpectralBand:
     ):
         raise ValueError(f"grid must be two positive integers (H, W), got {grid!r}")
     # Validated first: the cache would treat False like 0.0.
-    return _spectral_band(int(grid[0]), int(grid[1]), compression)
+    return quantised_band((int(grid[0]), int(grid[1])), compression)
 
 
 @functools.lru_cache(maxsize=4096)
-def _spectral_band(height: int, width: int, compression: float) -> SpectralBand:
-    grid = (height, width)
+def quantised_band(grid: tuple[int, int], compression: float) -> SpectralBand:
+    """:func:`spectral_band` for arguments validated already (a tuple grid, a float compression).
+
+    The internal entry: a convolution resolves its band once per forward pass with it, from a
+    compression its public caller checked.
+    """
+    height, width = grid
     max_half_rows = height // 2
     max_cols = width // 2 + 1
     total = height * max_cols

@@ -25,10 +25,17 @@ from dataclasses import dataclass
 import torch
 
 from lightning_bandlimit.functional.band import SpectralBand, spectral_band
-from lightning_bandlimit.functional.dft_plan import _source_positions
+from lightning_bandlimit.functional.dft_plan import source_positions
 from lightning_bandlimit.functional.geometry import ConvGeometry
 
-__all__ = ["ProjectionPlan", "band_input", "band_input_adjoint", "projection_plan", "reduce_input"]
+__all__ = [
+    "ProjectionPlan",
+    "band_input",
+    "band_input_adjoint",
+    "projection_plan",
+    "projection_plan_for",
+    "reduce_input",
+]
 
 _DENSE_PIXELS = 100  # maps up to 10 x 10
 
@@ -80,7 +87,7 @@ def _basis(grid: int, half: int) -> torch.Tensor:
 
 def _fold_padding(basis: torch.Tensor, size: int, pads: tuple[int, int], mode: str) -> torch.Tensor:
     """``(size, B)``: ``A^T basis``, the basis read as a function of the unpadded input."""
-    source = _source_positions(size, *pads, mode)
+    source = source_positions(size, *pads, mode)
     used = source >= 0
     out = torch.zeros(size, basis.shape[1], dtype=basis.dtype)
     return out.index_add_(0, source[used], basis[used])
@@ -109,9 +116,10 @@ def _cpu_plan(geometry: ConvGeometry, band: SpectralBand) -> ProjectionPlan:
 
 
 @functools.lru_cache(maxsize=512)
-def _device_plan(
+def projection_plan_for(
     geometry: ConvGeometry, band: SpectralBand, dtype: torch.dtype, device: torch.device
 ) -> ProjectionPlan:
+    """The cached :class:`ProjectionPlan` for a geometry and a band resolved already (trusted)."""
     plan = _cpu_plan(geometry, band)
     return ProjectionPlan(
         plan.geometry,
@@ -147,7 +155,7 @@ def projection_plan(
         >>> plan.coefficients, tuple(plan.synthesis_h.shape)
         ((7, 7), (10, 7))
     """
-    return _device_plan(geometry, spectral_band(geometry.grid, compression), dtype, device)
+    return projection_plan_for(geometry, spectral_band(geometry.grid, compression), dtype, device)
 
 
 def band_input(kept: torch.Tensor, plan: ProjectionPlan) -> torch.Tensor:

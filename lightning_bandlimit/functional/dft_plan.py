@@ -22,7 +22,16 @@ import torch
 from lightning_bandlimit.functional.band import SpectralBand, spectral_band
 from lightning_bandlimit.functional.geometry import ConvGeometry
 
-__all__ = ["DFTPlan", "dft_plan"]
+__all__ = [
+    "DFTPlan",
+    "analysis",
+    "analysis_adjoint",
+    "dft_plan",
+    "dft_plan_for",
+    "source_positions",
+    "synthesis",
+    "synthesis_adjoint",
+]
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,7 @@ def _phase(freqs: torch.Tensor, positions: torch.Tensor, size: int, sign: float)
     return torch.polar(torch.ones_like(angle), angle * (sign * 2 * math.pi / size))
 
 
-def _source_positions(size: int, before: int, after: int, mode: str) -> torch.Tensor:
+def source_positions(size: int, before: int, after: int, mode: str) -> torch.Tensor:
     """For each padded position, the input position it copies (-1: a zero of zero padding)."""
     positions = torch.arange(-before, size + after)
     if mode == "zeros":
@@ -79,7 +88,7 @@ def _source_positions(size: int, before: int, after: int, mode: str) -> torch.Te
 
 def _analysis(freqs: torch.Tensor, size: int, grid: int, pads: tuple[int, int], mode: str) -> torch.Tensor:
     """Complex ``(len(freqs), size)``: DFT on the padded grid, as a function of the input."""
-    source = _source_positions(size, *pads, mode)
+    source = source_positions(size, *pads, mode)
     full = _phase(freqs, torch.arange(grid), grid, -1.0)
     used = source >= 0
     out = torch.zeros(len(freqs), size, dtype=full.dtype)
@@ -162,13 +171,14 @@ def dft_plan(geometry: ConvGeometry, compression: float, dtype: torch.dtype, dev
         >>> dft_plan(g, 0.0, torch.float32, torch.device("cpu")).analysis_w.shape
         torch.Size([12, 8])
     """
-    return _device_plan(geometry, spectral_band(geometry.grid, compression), dtype, device)
+    return dft_plan_for(geometry, spectral_band(geometry.grid, compression), dtype, device)
 
 
 @functools.lru_cache(maxsize=512)
-def _device_plan(
+def dft_plan_for(
     geometry: ConvGeometry, band: SpectralBand, dtype: torch.dtype, device: torch.device
 ) -> DFTPlan:
+    """The cached :class:`DFTPlan` for a geometry and a band resolved already (trusted, not checked)."""
     plan = _cpu_plan(geometry, band)
     return DFTPlan(
         plan.geometry,
@@ -186,3 +196,45 @@ def _device_plan(
             )
         ),
     )
+
+
+# ------------------------------------------------- applying a plan
+def analysis(x: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
+    """``(N, C, H, W)`` real -> ``(2, F, N, C)`` kept spectrum."""
+    n, c, h, w = x.shape
+    k = plan.band.cols
+    rows = x.reshape(n * c, h, w).permute(1, 2, 0)  # (H, W, NC): a transposed GEMM operand
+    t = torch.bmm(plan.analysis_w.expand(h, 2 * k, w), rows)  # (H, 2K, NC) = (h, j, k, n, c)
+    return (plan.analysis_h @ t.view(2 * h, k * n * c)).view(2, -1, n, c)
+
+
+def analysis_adjoint(spec: torch.Tensor, plan: DFTPlan, in_h: int) -> torch.Tensor:
+    """Transpose of :func:`analysis`: ``(2, F, N, C)`` -> ``(N, C, H, W)``."""
+    _, _, n, c = spec.shape
+    k = plan.band.cols
+    t = (plan.analysis_h_t @ spec.reshape(2 * plan.band.rows, -1)).view(in_h, 2 * k, n * c)
+    out = spec.new_empty(n, c, in_h, plan.analysis_w.shape[1])
+    rows = out.view(n * c, in_h, -1).permute(1, 0, 2)  # (H, NC, W) view of the result
+    torch.bmm(t.transpose(1, 2), plan.analysis_w.expand(in_h, 2 * k, -1), out=rows)
+    return out
+
+
+def synthesis(spec: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
+    """``(2, F, N, O)`` -> ``(N, O, P, Q)`` real output at the strided output positions."""
+    _, _, n, o = spec.shape
+    k = plan.band.cols
+    p, q = plan.geometry.out_size
+    z = (plan.synthesis_h @ spec.reshape(2 * plan.band.rows, -1)).view(p, 2 * k, n * o)
+    out = spec.new_empty(n, o, p, q)
+    rows = out.view(n * o, p, q).permute(1, 0, 2)  # (P, NO, Q) view of the result
+    torch.bmm(z.transpose(1, 2), plan.synthesis_w.expand(p, 2 * k, q), out=rows)
+    return out
+
+
+def synthesis_adjoint(grad: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
+    """Transpose of :func:`synthesis`: ``(N, O, P, Q)`` -> ``(2, F, N, O)``."""
+    n, o, p, q = grad.shape
+    k = plan.band.cols
+    rows = grad.reshape(n * o, p, q).permute(1, 2, 0)  # (P, Q, NO)
+    z = torch.bmm(plan.synthesis_w.expand(p, 2 * k, q), rows)  # (P, 2K, NO) = (p, j, k, n, o)
+    return (plan.synthesis_h_t @ z.view(2 * p, k * n * o)).view(2, -1, n, o)

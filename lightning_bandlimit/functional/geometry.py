@@ -20,7 +20,7 @@ IntOrTuple = int | Sequence[int]
 
 def _as_tuple(name: str, value: IntOrTuple, spatial_dims: int, minimum: int) -> tuple[int, ...]:
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be an int or a tuple of {spatial_dims} ints, got {value!r}")
+        raise TypeError(f"{name} must be an int or a tuple of {spatial_dims} ints, got {value!r}")
     if isinstance(value, int):
         values: tuple[int, ...] = (value,) * spatial_dims
     elif isinstance(value, Sequence) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
@@ -28,7 +28,7 @@ def _as_tuple(name: str, value: IntOrTuple, spatial_dims: int, minimum: int) -> 
         if len(values) == 1:
             values = values * spatial_dims
     else:
-        raise ValueError(f"{name} must be an int or a tuple of {spatial_dims} ints, got {value!r}")
+        raise TypeError(f"{name} must be an int or a tuple of {spatial_dims} ints, got {value!r}")
     if len(values) != spatial_dims:
         raise ValueError(
             f"expected {name} to be a single integer value or a list of {spatial_dims} values "
@@ -106,6 +106,7 @@ def resolve_geometry(
         spatial_dims: 1 or 2.
 
     Raises:
+        TypeError: for an argument of the wrong type (a tensor, an int, a tuple of ints).
         ValueError: naming the expected and the given value for any inconsistent argument.
 
     Example:
@@ -116,7 +117,7 @@ def resolve_geometry(
     """
     name = f"conv{spatial_dims}d"
     if not isinstance(input, torch.Tensor) or not isinstance(weight, torch.Tensor):
-        raise ValueError(
+        raise TypeError(
             f"{name}: input and weight must be tensors, got {type(input).__name__} "
             f"and {type(weight).__name__}"
         )
@@ -143,7 +144,9 @@ def resolve_geometry(
         raise ValueError(
             f"{name}: input ({input.device}) and weight ({weight.device}) must be on the same device"
         )
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+    if isinstance(groups, bool) or not isinstance(groups, int):
+        raise TypeError(f"{name}: groups must be an int, got groups={groups!r}")
+    if groups < 1:
         raise ValueError(f"{name}: non-positive groups is not supported, got groups={groups!r}")
     out_channels, in_per_group = weight.shape[:2]
     if out_channels % groups != 0:
@@ -158,8 +161,10 @@ def resolve_geometry(
             f"{input.shape[1]} channels instead"
         )
     if bias is not None:
-        if not isinstance(bias, torch.Tensor) or bias.shape != (out_channels,):
-            given = list(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+        if not isinstance(bias, torch.Tensor):
+            raise TypeError(f"{name}: bias must be a tensor or None, got {type(bias).__name__}")
+        if bias.shape != (out_channels,):
+            given = list(bias.shape)
             raise ValueError(
                 f"{name}: given weight of size {list(weight.shape)}, expected bias to be "
                 f"1-dimensional with {out_channels} elements, but got bias of size {given} instead"

@@ -22,15 +22,15 @@ from lightning_bandlimit.functional.band_projection import (
     band_input_adjoint,
     reduce_input,
 )
-from lightning_bandlimit.functional.sources import Saved, Source, rebuild
+from lightning_bandlimit.functional.lean.sources import Saved, Source, rebuild
 
-__all__ = ["spatial_conv"]
+__all__ = ["SpatialConvFunction", "spatial_conv"]
 
 KEEP_COEFFICIENTS = "coefficients"
 KEEP_SMALLER = "smaller"
 
 
-class _SpatialConv(torch.autograd.Function):
+class SpatialConvFunction(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
         ctx,
@@ -139,4 +139,4 @@ def spatial_conv(
     """
     keep = KEEP_SMALLER if memory_lean else KEEP_COEFFICIENTS
     with torch.autocast(input.device.type, enabled=False):
-        return _SpatialConv.apply(input, weight, bias, plan, conv_dtype, keep, source, *source_tensors)
+        return SpatialConvFunction.apply(input, weight, bias, plan, conv_dtype, keep, source, *source_tensors)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_bandlimit.memory.protocol import ProbeUnavailable, _describe
+from lightning_bandlimit.memory.protocol import ProbeUnavailable, describe_error
 
 __all__ = ["as_device", "cuda_device_uuid", "cuda_index"]
 
@@ -66,7 +66,9 @@ def cuda_index(device: torch.device | str | int | None, probe: str) -> int:
     try:
         return torch.cuda.current_device()
     except Exception as err:
-        raise ProbeUnavailable(f"{probe}: cannot tell the current CUDA device ({_describe(err)})") from err
+        raise ProbeUnavailable(
+            f"{probe}: cannot tell the current CUDA device ({describe_error(err)})"
+        ) from err
 
 
 def cuda_device_uuid(index: int) -> str:
@@ -80,5 +82,5 @@ def cuda_device_uuid(index: int) -> str:
     try:
         uuid = torch.cuda.get_device_properties(index).uuid
     except Exception as err:
-        raise ProbeUnavailable(f"cannot read the UUID of cuda:{index} ({_describe(err)})") from err
+        raise ProbeUnavailable(f"cannot read the UUID of cuda:{index} ({describe_error(err)})") from err
     return str(uuid)

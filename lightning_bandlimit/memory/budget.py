@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable, _as_bytes
+from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable, as_bytes
 
 __all__ = ["SharedBudgetProbe"]
 
@@ -46,7 +46,7 @@ class SharedBudgetProbe(MemoryProbe):
     measures_own = True
 
     def __init__(self, budget: int, own: Callable[[], int], others: Callable[[], int]) -> None:
-        budget = _as_bytes("budget", budget, minimum=1)
+        budget = as_bytes("budget", budget, minimum=1)
         self.budget, self.own, self.others = budget, own, others
 
     def read(self) -> MemoryReading:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from lightning_bandlimit.memory._torch import as_device, cuda_index
-from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable, _describe
+from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable, describe_error
 
 __all__ = ["CudaProbe"]
 
@@ -62,7 +62,7 @@ class CudaProbe(MemoryProbe):
             free, total = int(free), int(total)
         except Exception as err:
             raise ProbeUnavailable(
-                f"torch.cuda.mem_get_info({self.device}) failed: {_describe(err)}"
+                f"torch.cuda.mem_get_info({self.device}) failed: {describe_error(err)}"
             ) from err
         total = max(total, 0)
         return MemoryReading(total=total, free=min(max(free, 0), total), source=self.source)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path, PurePosixPath
 
-from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable, _describe
+from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable, describe_error
 
 __all__ = ["HostMemoryProbe"]
 
@@ -107,7 +107,7 @@ class HostMemoryProbe(MemoryProbe):
         try:
             text = self.meminfo.read_text()
         except (OSError, UnicodeDecodeError) as err:
-            raise ProbeUnavailable(f"cannot read {self.meminfo} ({_describe(err)})") from err
+            raise ProbeUnavailable(f"cannot read {self.meminfo} ({describe_error(err)})") from err
         values = _parse_meminfo(text)
         if "MemTotal" not in values:
             raise ProbeUnavailable(f"{self.meminfo} has no MemTotal line")

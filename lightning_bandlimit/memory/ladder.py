@@ -47,10 +47,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_bandlimit.functional import check_compression
 from lightning_bandlimit.memory.memory_model import HOLD, LOWER, RAISE, MemoryModel, threshold_bytes
 from lightning_bandlimit.memory.probes import MemoryReading
-from lightning_bandlimit.utils.validation import check_int, check_real
+from lightning_bandlimit.utils.validation import check_compression, check_int, check_real
 
 __all__ = ["LadderController", "LadderDecision", "Setting"]
 
@@ -135,8 +134,8 @@ class LadderController:
                 "release_free must be above min_free and in the same unit (both fractions < 1 or "
                 f"both bytes), got min_free={min_free}, release_free={release_free}"
             )
-        self.min_compression = check_compression(min_compression)
-        self.max_compression = check_compression(max_compression)
+        self.min_compression = check_compression(min_compression, "min_compression")
+        self.max_compression = check_compression(max_compression, "max_compression")
         if self.max_compression < self.min_compression:
             raise ValueError(
                 f"max_compression ({max_compression}) is below min_compression ({min_compression})"

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from lightning_bandlimit.memory._torch import cuda_device_uuid, cuda_index
-from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable, _describe
+from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable, describe_error
 
 __all__ = ["NVMLProbe"]
 
@@ -39,7 +39,7 @@ _NVML_HINTS = {
 
 
 def _nvml_error_text(nvml: Any, err: BaseException) -> str:
-    text = _describe(err)
+    text = describe_error(err)
     for name, hint in _NVML_HINTS.items():
         cls = getattr(nvml, name, None)
         if isinstance(cls, type) and isinstance(err, cls):
@@ -134,7 +134,7 @@ class NVMLProbe(MemoryProbe):
         except ProbeUnavailable:
             raise
         except Exception as err:
-            raise ProbeUnavailable(f"cannot read the UUID of {self.device} ({_describe(err)})") from err
+            raise ProbeUnavailable(f"cannot read the UUID of {self.device} ({describe_error(err)})") from err
         if not isinstance(raw, str) or not raw.strip():
             raise ProbeUnavailable(f"no UUID for {self.device} (got {raw!r})")
         if nvml is None:
@@ -142,7 +142,7 @@ class NVMLProbe(MemoryProbe):
                 nvml = importlib.import_module("pynvml")
             except ImportError as err:
                 raise ProbeUnavailable(
-                    f"cannot import pynvml ({_describe(err)}); install nvidia-ml-py"
+                    f"cannot import pynvml ({describe_error(err)}); install nvidia-ml-py"
                 ) from err
         self._nvml: Any = nvml
         try:
@@ -170,7 +170,7 @@ class NVMLProbe(MemoryProbe):
                     raise ProbeUnavailable(
                         f"NVML cannot open {self.device} ({uuid}): {_nvml_error_text(nvml, err)}"
                     ) from err
-                tried.append(f"{uuid} ({_describe(err)})")
+                tried.append(f"{uuid} ({describe_error(err)})")
         if raw.strip().upper().startswith("MIG-"):
             raise ProbeUnavailable(
                 f"CUDA exposes MIG instance {raw.strip()} as {self.device}, but NVML finds no handle for "

@@ -19,10 +19,10 @@ from typing_extensions import Self
 
 from lightning_bandlimit.utils.validation import check_int
 
-__all__ = ["MemoryProbe", "MemoryReading", "ProbeUnavailable"]
+__all__ = ["MemoryProbe", "MemoryReading", "ProbeUnavailable", "as_bytes", "describe_error"]
 
 
-def _as_bytes(name: str, value: Any, *, minimum: int | None = None) -> int:
+def as_bytes(name: str, value: Any, *, minimum: int | None = None) -> int:
     """:func:`~lightning_bandlimit.utils.validation.check_int` for a number of bytes, also
     accepting integer scalars that are not ``int`` (NumPy's, 0-d integer tensors)."""
     if not isinstance(value, (int, float)) and hasattr(type(value), "__index__"):
@@ -30,7 +30,7 @@ def _as_bytes(name: str, value: Any, *, minimum: int | None = None) -> int:
     return check_int(name, value, minimum=minimum)
 
 
-def _describe(err: BaseException) -> str:
+def describe_error(err: BaseException) -> str:
     """``"TypeName: message"`` of an error, for a :class:`ProbeUnavailable` message."""
     try:
         text = str(err)
@@ -75,14 +75,14 @@ class MemoryReading:
     own: int | None = None
 
     def __post_init__(self) -> None:
-        total = _as_bytes("MemoryReading.total", self.total)
-        free = _as_bytes("MemoryReading.free", self.free)
+        total = as_bytes("MemoryReading.total", self.total)
+        free = as_bytes("MemoryReading.free", self.free)
         if total < 0 or not 0 <= free <= total:
             raise ValueError(f"MemoryReading needs 0 <= free <= total, got free={free}, total={total}")
         object.__setattr__(self, "total", total)
         object.__setattr__(self, "free", free)
         if self.own is not None:
-            object.__setattr__(self, "own", _as_bytes("MemoryReading.own", self.own, minimum=0))
+            object.__setattr__(self, "own", as_bytes("MemoryReading.own", self.own, minimum=0))
 
     @property
     def used(self) -> int:

@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, _as_bytes
+from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, as_bytes
 
 __all__ = ["ScriptedProbe"]
 
 
 def _check_free(value: Any, total: int, where: str) -> int:
-    free = _as_bytes(where, value, minimum=0)
+    free = as_bytes(where, value, minimum=0)
     if free > total:
         raise ValueError(f"{where} is {free} bytes, more than total={total}")
     return free
@@ -73,7 +73,7 @@ class ScriptedProbe(MemoryProbe):
     source = "scripted"
 
     def __init__(self, free: Sequence[int] | Callable[[int], int], total: int) -> None:
-        self.total = _as_bytes("ScriptedProbe total", total, minimum=1)
+        self.total = as_bytes("ScriptedProbe total", total, minimum=1)
         self.reads = 0
         self._fn: Callable[[int], int] | None = None
         self._trace: list[int] = []

@@ -11,7 +11,7 @@ import math
 from collections.abc import Collection
 from typing import Any, TypeVar
 
-__all__ = ["check_choice", "check_int", "check_real"]
+__all__ = ["check_bool", "check_choice", "check_compression", "check_int", "check_real"]
 
 T = TypeVar("T")
 
@@ -108,6 +108,49 @@ def check_real(
     if not _in_range(value, minimum, maximum, min_open, max_open):
         raise ValueError(f"{name} must be {bounds}, got {value}")
     return float(value)
+
+
+def check_compression(value: Any, name: str = "compression") -> float:
+    """``float(value)`` if it is a compression rate: a real number in ``[0, 1)``.
+
+    The one check of every compression-like argument (``compression``, ``min_compression``,
+    ``max_compression``, ...): each public function, constructor and setter that takes one calls
+    it, so a bad value is refused the same way everywhere.
+
+    Args:
+        value: the value given.
+        name: the argument's name, for the message.
+
+    Raises:
+        TypeError: if ``value`` is not an int or float, or is a bool (e.g. ``"0.5"``, ``True``).
+        ValueError: if it is NaN, infinite or outside ``[0, 1)``.
+
+    Example:
+        >>> check_compression(0.5)
+        0.5
+        >>> check_compression(1.5, "max_compression")
+        Traceback (most recent call last):
+        ...
+        ValueError: max_compression must be in [0, 1), got 1.5
+    """
+    return check_real(name, value, minimum=0, maximum=1, max_open=True)
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is a ``bool``.
+
+    Raises:
+        TypeError: for anything else (``0``, ``"yes"``, ``None``).
+
+    Example:
+        >>> check_bool("memory_lean", 1)
+        Traceback (most recent call last):
+        ...
+        TypeError: memory_lean must be a bool, got 1 (int)
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return value
 
 
 def check_choice(name: str, value: T, choices: Collection[T]) -> T:

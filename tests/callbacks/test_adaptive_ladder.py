@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_bandlimit import bandlimited_layers
 from lightning_bandlimit.callbacks import AdaptiveBandLimit
 from lightning_bandlimit.callbacks import adaptive_band_limit as adaptive_module
+from lightning_bandlimit.callbacks.ladder_decisions import agree_across_ranks
 from lightning_bandlimit.checkpointing import is_checkpointed
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.memory import MemoryReading, ScriptedProbe
@@ -348,6 +349,11 @@ class _TwoRanks:
         self.strategy = _OtherRank([-free, -total, float(peak or 0), -top, -float(on_top)])
 
 
+def _agree(callback: AdaptiveBandLimit, trainer: _TwoRanks, reading: MemoryReading, peak: int | None):
+    """What ``callback`` decides from under DDP, as its check computes it."""
+    return agree_across_ranks(trainer.strategy, callback.controller, reading, peak, callback._device)
+
+
 def _agreeing(top: int = 4) -> AdaptiveBandLimit:
     callback = _callback()
     callback._device = torch.device("cpu")
@@ -373,8 +379,8 @@ def test_ranks_decide_from_the_least_free_memory_largest_peak_and_lowest_top(
 ) -> None:
     callback = _agreeing(top=mine[3])
     trainer = _TwoRanks(*other)
-    reading, peak = callback._agree(
-        trainer, MemoryReading(total=mine[1], free=mine[0], source="scripted"), mine[2]
+    reading, peak = _agree(
+        callback, trainer, MemoryReading(total=mine[1], free=mine[0], source="scripted"), mine[2]
     )
     assert (reading.free, reading.total, peak, callback.controller.top) == agreed
     assert trainer.strategy.calls == [(None, "max")]  # one collective, reduce_op by keyword
@@ -384,7 +390,7 @@ def test_ranks_decide_from_the_least_free_memory_largest_peak_and_lowest_top(
 def test_ranks_run_the_continuum_on_the_top_rung_only_if_every_rank_can(mine: bool, other: bool) -> None:
     callback = _agreeing()
     callback.controller.set_continuum_on_top(mine)
-    callback._agree(_TwoRanks(600, 1000, 300, 4, on_top=other), MemoryReading(1000, 600, "scripted"), 300)
+    _agree(callback, _TwoRanks(600, 1000, 300, 4, on_top=other), MemoryReading(1000, 600, "scripted"), 300)
     assert callback.controller.continuum_on_top == (mine and other)
 
 
@@ -398,8 +404,8 @@ def test_ranks_fed_the_same_inputs_take_the_same_decisions() -> None:
         for me, callback in enumerate(ranks):
             other = free_pair[1 - me]
             trainer = _TwoRanks(other, 1000, 500, 4)
-            reading, peak = callback._agree(
-                trainer, MemoryReading(total=1000, free=free_pair[me], source="scripted"), 500
+            reading, peak = _agree(
+                callback, trainer, MemoryReading(total=1000, free=free_pair[me], source="scripted"), 500
             )
             decision = callback.controller.decide(reading, callback.setting)
             callback.compression, callback.rung = decision.compression, decision.rung

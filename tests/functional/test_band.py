@@ -175,25 +175,7 @@ def test_band_properties_hold_for_any_grid(height, width, c):
         assert band.is_full
 
 
-@pytest.mark.parametrize(
-    "bad", [-0.1, -1e-12, 1.0, 1.5, float("nan"), float("inf"), "0.5", True, False, None]
-)
-def test_invalid_compression_raises(bad):
-    # Prime the band cache with valid rates that compare equal to some invalid ones (0 == False):
-    # a cached result must not let an invalid rate through.
-    spectral_band((34, 34), 0.0)
-    spectral_band((34, 34), 0)
-    with pytest.raises(ValueError, match="compression"):
-        spectral_band((34, 34), bad)
-    with pytest.raises(ValueError, match="compression"):
-        check_compression(bad)
-
-
-def test_invalid_compression_message_names_the_value():
-    with pytest.raises(ValueError, match=r"\[0, 1\).*1\.5"):
-        spectral_band((34, 34), 1.5)
-    with pytest.raises(ValueError, match="str"):
-        spectral_band((34, 34), "0.5")
+# A bad compression: tests/test_compression_edge.py (every entry point, spectral_band included).
 
 
 @pytest.mark.parametrize("grid", [(0, 4), (4, 0), (-1, 3), (3,), (2, 3, 4), (2.0, 3)])
@@ -213,6 +195,7 @@ def test_check_compression_returns_float():
     [
         "lightning_bandlimit.functional.band",
         "lightning_bandlimit.functional.fft_conv",
+        "lightning_bandlimit.functional.spectral_kernel",
         "lightning_bandlimit.functional.geometry",
         "lightning_bandlimit.functional.dft_plan",
     ],

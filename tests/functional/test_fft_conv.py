@@ -653,13 +653,7 @@ def test_backward_under_autocast(compression):
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("compression", [-0.1, 1.0, 1.5, float("nan"), True, "0.5"])
-def test_invalid_compression(compression):
-    x, w = torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3)
-    with pytest.raises(ValueError, match="compression"):
-        fft_conv2d(x, w, compression=compression)
-    with pytest.raises(ValueError, match="compression"):
-        fft_conv1d(x[:, :, 0], w[:, :, 0], compression=compression)
+# A bad compression: tests/test_compression_edge.py (fft_conv1d/2d among every entry point).
 
 
 def _error_message(fn, *args, **kwargs) -> str:

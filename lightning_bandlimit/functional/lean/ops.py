@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from lightning_bandlimit.functional.sources import (
+from lightning_bandlimit.functional.lean.sources import (
     Affine,
     Relu,
     Saved,
@@ -39,6 +39,9 @@ from lightning_bandlimit.functional.sources import (
 )
 
 __all__ = [
+    "BatchNormFunction",
+    "MaxPool2dFunction",
+    "ReluFunction",
     "lean_batch_norm",
     "lean_conv",
     "lean_max_pool2d",
@@ -108,7 +111,7 @@ def unpack_mask(packed: torch.Tensor, shape: Sequence[int], dtype: torch.dtype =
 
 
 # --------------------------------------------------------------------------------------- ReLU
-class _Relu(torch.autograd.Function):
+class ReluFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input: torch.Tensor, inplace: bool) -> torch.Tensor:  # type: ignore[override]
         if inplace:
@@ -156,7 +159,7 @@ def lean_relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
     if inplace and input._is_view():  # in-place on a view needs autograd's own view handling
         out = F.relu(input, inplace=True)
     else:
-        out = _Relu.apply(input, inplace)
+        out = ReluFunction.apply(input, inplace)
     if found is not None:
         source, tensors = found
         publish(out, Relu(source), tensors)
@@ -164,7 +167,7 @@ def lean_relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------- BatchNorm
-class _BatchNorm(torch.autograd.Function):
+class BatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
         ctx,
@@ -270,7 +273,7 @@ def lean_batch_norm(
         )
     found = lookup(input)
     source, tensors = found if found is not None else (Saved(), (input,))
-    out, scale, shift = _BatchNorm.apply(
+    out, scale, shift = BatchNormFunction.apply(
         input, weight, bias, running_mean, running_var, momentum, eps, source, *tensors
     )
     publish(out, Affine(source, out.dtype), (*tensors, scale, shift))
@@ -282,7 +285,7 @@ def _window_origins(out_size: int, stride: int, pad: int, device: torch.device) 
     return torch.arange(out_size, device=device) * stride - pad
 
 
-class _MaxPool2d(torch.autograd.Function):
+class MaxPool2dFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input, kernel, stride, padding, dilation, ceil_mode):  # type: ignore[override]
         out, index = torch.ops.aten.max_pool2d_with_indices(
@@ -348,7 +351,7 @@ def lean_max_pool2d(
     padding, dilation = _pair(padding), _pair(dilation)
     if kernel[0] * kernel[1] > 256:
         return F.max_pool2d(input, kernel, stride, padding, dilation, ceil_mode)
-    return _MaxPool2d.apply(input, kernel, stride, padding, dilation, ceil_mode)
+    return MaxPool2dFunction.apply(input, kernel, stride, padding, dilation, ceil_mode)
 
 
 # ------------------------------------------------------------------------ native convolution

@@ -1,0 +1,64 @@
+"""The out-of-memory backstop: recognise an out-of-memory error, free what it left, retry once.
+
+:class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` wraps the LightningModule's
+``training_step`` with :func:`guard_training_step`: an out-of-memory error raised in it calls the
+callback back (which moves to a setting that needs less memory) and runs the batch again, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
+
+from lightning_bandlimit.memory.process import release_cached_memory
+
+__all__ = ["free_memory", "guard_training_step", "is_out_of_memory", "unguard_training_step"]
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` says a device or the host ran out of memory."""
+    if is_oom_error(error):
+        return True
+    # Lightning's test wants a one-argument RuntimeError naming CUDA or DefaultCPUAllocator; this
+    # also catches host MemoryError, a CUDA OOM error raised with other arguments, other devices'
+    # "out of memory" (MPS, XPU) and allocators' "can't allocate memory".
+    if isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def free_memory(device: torch.device | None) -> None:
+    """Collect garbage and return cached memory to the device (and, off CUDA, to the host)."""
+    garbage_collection_cuda()  # gc.collect() and torch.cuda.empty_cache()
+    if device is None or device.type != "cuda":
+        release_cached_memory(device)  # the host's allocator too (malloc_trim), which Lightning leaves alone
+
+
+def guard_training_step(pl_module: pl.LightningModule, on_out_of_memory: Callable[[], None]) -> None:
+    """Wrap ``pl_module.training_step``: an out-of-memory error in it calls ``on_out_of_memory()``
+    and runs the step again, once (a second error propagates); any other error propagates.
+
+    ``on_out_of_memory`` runs outside the ``except`` block, whose traceback would pin tensors.
+    """
+    original = pl_module.training_step
+
+    def training_step(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - re-raised unless it is an OOM
+            if not is_out_of_memory(error):
+                raise
+        on_out_of_memory()
+        return original(*args, **kwargs)
+
+    pl_module.training_step = training_step  # type: ignore[method-assign]
+
+
+def unguard_training_step(pl_module: pl.LightningModule) -> None:
+    """Undo :func:`guard_training_step`: back to the class's method."""
+    del pl_module.training_step

@@ -1,0 +1,494 @@
+"""The spectral kernel: a band-limited convolution computed in the frequency domain.
+
+The convolution is a circular cross-correlation on the padded input grid, which equals
+``F.conv2d`` at every output position: the grid is exactly the padded input, so no output wraps
+around. Each 1-D DFT is a small real matrix product (:mod:`.dft_plan`); spectra are kept
+frequency-major, ``(2, F, N, C)`` = (re/im, kept frequencies, batch, channels), so that the
+per-frequency channel mixing is one batched matrix multiply.
+
+With compression ``c > 0`` only a low-frequency box of the spectrum is kept
+(:func:`~lightning_bandlimit.functional.band.spectral_band`), for the input, the filter and hence
+the output; the backward pass works on the same box. Saved for backward: the input's kept
+spectrum and the weight tensor itself (a parameter, alive anyway); the filter spectrum is
+recomputed, because for wide layers it is larger than the activation. With ``memory_lean``
+the input is kept in its smallest exact form instead and the output offered as its spectrum to
+the op that consumes it (:mod:`lightning_bandlimit.functional.lean`).
+
+This module holds the math (the autograd Functions and their forward and backward) and trusts
+its arguments; :mod:`.fft_conv` is the public API, which checks them and chooses the algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from lightning_bandlimit.functional.band import quantised_band
+from lightning_bandlimit.functional.dft_plan import (
+    DFTPlan,
+    analysis,
+    analysis_adjoint,
+    dft_plan_for,
+    synthesis,
+    synthesis_adjoint,
+)
+from lightning_bandlimit.functional.geometry import IntOrTuple, resolve_geometry
+from lightning_bandlimit.functional.lean.ops import conv_dtype
+from lightning_bandlimit.functional.lean.sources import Saved, Source, publish, rebuild, reuse
+
+__all__ = ["KEEP_SMALLER", "KEEP_SPECTRUM", "FFTConvFunction", "Spectrum", "analyse", "as_2d"]
+__all__ += ["compute_dtypes", "conv_from_spectrum", "input_plan", "itemsize", "spectrum_bytes"]
+
+# The full filter spectrum (F x O x C/g complex) is larger than the activation for wide layers,
+# so it is computed a chunk of frequencies at a time: a small buffer, reused. Every chunk
+# re-reads the weight (and read-modify-writes its gradient), hence the cap on their number.
+_FILTER_CHUNK_BYTES = 1 << 22
+_MAX_FILTER_CHUNKS = 4
+_SPECTRUM_TO_ACTIVATION = 2
+
+
+def _chunks(plan: DFTPlan, weight_shape: torch.Size, element_size: int) -> list[tuple[int, int]]:
+    n_freq = plan.band.kept
+    per_freq = 2 * weight_shape[0] * weight_shape[1] * element_size
+    step = max(1, _FILTER_CHUNK_BYTES // per_freq, -(-n_freq // _MAX_FILTER_CHUNKS))
+    return [(f, min(f + step, n_freq)) for f in range(0, n_freq, step)]
+
+
+def _filter_buffer(plan: DFTPlan, w: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Room for ``chunk`` frequencies of a filter spectrum, ``(chunk, 2, O, C/g)`` (re/im inner)."""
+    return w.new_empty(chunk, 2, w.shape[0], w.shape[1])
+
+
+def _filter_chunk(plan: DFTPlan, taps: torch.Tensor, f0: int, f1: int, buffer: torch.Tensor) -> torch.Tensor:
+    """Frequencies ``f0:f1`` of the dilated kernel's spectrum, as a ``(2, f1 - f0, O, C/g)`` view.
+
+    ``taps`` is the weight as a contiguous ``(kh kw, O C/g)`` matrix: one GEMM per chunk.
+    """
+    fc = f1 - f0
+    out = buffer[:fc]
+    torch.mm(plan.filter_analysis[2 * f0 : 2 * f1], taps, out=out.view(2 * fc, -1))
+    return out.transpose(0, 1)
+
+
+def _grad_chunk(buffer: torch.Tensor, fc: int) -> torch.Tensor:
+    """A contiguous ``(2, fc, O, C/g)`` filter-gradient spectrum in the storage of ``buffer``."""
+    return buffer.view(-1)[: 2 * fc * buffer[0, 0].numel()].view(2, fc, *buffer.shape[2:])
+
+
+def _accumulate_filter_grad(
+    grad_taps: torch.Tensor, plan: DFTPlan, spec: torch.Tensor, f0: int, f1: int
+) -> None:
+    """``grad_taps (kh kw, O C/g) += `` transpose of :func:`_filter_chunk` applied to ``spec``."""
+    fc = f1 - f0
+    grad_taps.addmm_(plan.filter_analysis[2 * f0 : 2 * f1 : 2].T, spec[0].view(fc, -1))
+    grad_taps.addmm_(plan.filter_analysis[2 * f0 + 1 : 2 * f1 : 2].T, spec[1].view(fc, -1))
+
+
+def _taps(w: torch.Tensor) -> torch.Tensor:
+    """The weight ``(O, C/g, kh, kw)`` as a contiguous ``(kh kw, O C/g)`` matrix."""
+    return w.reshape(w.shape[0] * w.shape[1], -1).T.contiguous()
+
+
+def _group_slices(channels_in: int, channels_out: int, groups: int) -> list[tuple[slice, slice]]:
+    ci, co = channels_in // groups, channels_out // groups
+    return [(slice(g * ci, (g + 1) * ci), slice(g * co, (g + 1) * co)) for g in range(groups)]
+
+
+def _mix(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, groups: int) -> None:
+    """Per frequency ``Y = X conj(W)^T``: ``(2,F,N,C) x (2,F,O,C/g) -> out (2,F,N,O)``."""
+    (xr, xi), (wr, wi) = x, w
+    if groups == 1:
+        wrt, wit = wr.transpose(1, 2), wi.transpose(1, 2)
+        torch.bmm(xr, wrt, out=out[0]).baddbmm_(xi, wit)
+        torch.bmm(xi, wrt, out=out[1]).baddbmm_(xr, wit, alpha=-1)
+    elif w.shape[3] == 1:  # depthwise: every output channel reads one input channel
+        mult = w.shape[2] // groups
+        xr, xi = (t.repeat_interleave(mult, dim=-1) for t in (xr, xi))
+        wr, wi = wr.transpose(1, 2), wi.transpose(1, 2)
+        torch.mul(xr, wr, out=out[0]).addcmul_(xi, wi)
+        torch.mul(xi, wr, out=out[1]).addcmul_(xr, wi, value=-1)
+    else:
+        for cs, os in _group_slices(x.shape[3], w.shape[2], groups):
+            _mix(out[..., os], x[..., cs], w[:, :, os], 1)
+
+
+def _mix_grad_input(out: torch.Tensor, g: torch.Tensor, w: torch.Tensor, groups: int) -> None:
+    """Transpose of :func:`_mix` in ``X``: ``(2,F,N,O) x (2,F,O,C/g) -> out (2,F,N,C)``."""
+    (gr, gi), (wr, wi) = g, w
+    if groups == 1:
+        torch.bmm(gr, wr, out=out[0]).baddbmm_(gi, wi, alpha=-1)
+        torch.bmm(gr, wi, out=out[1]).baddbmm_(gi, wr)
+    elif w.shape[3] == 1:
+        mult = w.shape[2] // groups
+        wr, wi = wr.transpose(1, 2), wi.transpose(1, 2)
+        out[0] = (gr * wr - gi * wi).unflatten(-1, (groups, mult)).sum(-1)
+        out[1] = (gr * wi + gi * wr).unflatten(-1, (groups, mult)).sum(-1)
+    else:
+        for cs, os in _group_slices(out.shape[3], w.shape[2], groups):
+            _mix_grad_input(out[..., cs], g[..., os], w[:, :, os], 1)
+
+
+def _mix_grad_filter(out: torch.Tensor, x: torch.Tensor, g: torch.Tensor, groups: int) -> None:
+    """Transpose of :func:`_mix` in ``W``: ``(2,F,N,C) x (2,F,N,O) -> out (2,F,O,C/g)``."""
+    (xr, xi), (gr, gi) = x, g
+    if groups == 1:
+        grt, git = gr.transpose(1, 2), gi.transpose(1, 2)
+        torch.bmm(grt, xr, out=out[0]).baddbmm_(git, xi)
+        torch.bmm(grt, xi, out=out[1]).baddbmm_(git, xr, alpha=-1)
+    elif x.shape[3] == groups:  # depthwise
+        mult = g.shape[3] // groups
+        xr, xi = (t.repeat_interleave(mult, dim=-1) for t in (xr, xi))
+        out[0] = (xr * gr + xi * gi).sum(1).unsqueeze(-1)
+        out[1] = (xi * gr - xr * gi).sum(1).unsqueeze(-1)
+    else:
+        for cs, os in _group_slices(x.shape[3], g.shape[3], groups):
+            _mix_grad_filter(out[:, :, os], x[..., cs], g[..., os], 1)
+
+
+def as_2d(t: torch.Tensor, spatial_dims: int) -> torch.Tensor:
+    return t.unsqueeze(-2) if spatial_dims == 1 else t
+
+
+def _output(
+    y_spec: torch.Tensor, plan: DFTPlan, bias: torch.Tensor | None, spatial_dims: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The layer's output from its kept spectrum: the one computation forward and recompute share."""
+    out = synthesis(y_spec, plan)
+    if bias is not None:
+        out += bias.to(out.dtype).view(1, -1, 1, 1)
+    if spatial_dims == 1:
+        out = out.squeeze(-2)
+    return out.to(dtype)
+
+
+@dataclass(frozen=True)
+class Spectrum(Source):
+    """A band-limited convolution's output, rebuilt from its kept spectrum (and the bias)."""
+
+    plan: DFTPlan
+    has_bias: bool
+    spatial_dims: int
+    dtype: torch.dtype
+
+    def rebuild(self, tensors: Iterator[torch.Tensor]) -> torch.Tensor:
+        y_spec = next(tensors)
+        bias = next(tensors) if self.has_bias else None
+        return reuse(y_spec, lambda: _output(y_spec, self.plan, bias, self.spatial_dims, self.dtype))
+
+
+# What a band-limited convolution keeps of its input for the weight gradient.
+KEEP_SPECTRUM = "spectrum"  # the kept input spectrum (always)
+KEEP_SMALLER = "smaller"  # the input's published recipe if any, else spectrum or input, whichever is smaller
+
+
+def _batch_slices(plan: DFTPlan, n: int, channels: int, activation_bytes: int, itemsize: int) -> list[slice]:
+    """Batch slices whose spectral temporaries stay within twice the size of the activations.
+
+    A spectrum on a padded grid can be several times its feature map (a stride-2 layer on a
+    large map keeps a quarter of the pixels but the grid's whole band); computing it a slice of
+    the batch at a time bounds the transient memory without changing the result. Every slice
+    recomputes the filter spectrum, hence the factor of two before slicing starts.
+    """
+    per_sample = 2 * plan.band.kept * channels * itemsize
+    step = max(1, min(n, _SPECTRUM_TO_ACTIVATION * activation_bytes // max(1, per_sample)))
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def _output_spectrum(
+    x_spec: torch.Tensor, w: torch.Tensor, taps: torch.Tensor, plan: DFTPlan
+) -> torch.Tensor:
+    """Output spectrum ``(2, F, N, O)`` from a kept input spectrum (compute dtype, 2-D form)."""
+    y_spec = x_spec.new_empty(2, x_spec.shape[1], x_spec.shape[2], w.shape[0])
+    chunks = _chunks(plan, w.shape, w.element_size())
+    buffer = _filter_buffer(plan, w, chunks[0][1])
+    for f0, f1 in chunks:
+        w_spec = _filter_chunk(plan, taps, f0, f1, buffer)
+        _mix(y_spec[:, f0:f1], x_spec[:, f0:f1], w_spec, plan.geometry.groups)
+    return y_spec
+
+
+def _spectra(
+    x: torch.Tensor, w: torch.Tensor, taps: torch.Tensor, plan: DFTPlan
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kept input spectrum and output spectrum of one batch slice ``x`` (compute dtype, 2-D form)."""
+    x_spec = analysis(x, plan)
+    return x_spec, _output_spectrum(x_spec, w, taps, plan)
+
+
+def _spectrum_backward(
+    grad: torch.Tensor,
+    x_spec: torch.Tensor | None,
+    w: torch.Tensor,
+    taps: torch.Tensor,
+    grad_taps: torch.Tensor | None,
+    plan: DFTPlan,
+    need_x: bool,
+) -> torch.Tensor | None:
+    """Gradient of the kept input spectrum (if ``need_x``); adds the filter gradient to ``grad_taps``."""
+    groups = plan.geometry.groups
+    g_spec = synthesis_adjoint(grad, plan)
+    chunks = _chunks(plan, w.shape, w.element_size())
+    buffer = _filter_buffer(plan, w, chunks[0][1])
+    gx_spec = g_spec.new_empty(2, g_spec.shape[1], g_spec.shape[2], w.shape[1] * groups) if need_x else None
+    for f0, f1 in chunks:
+        if gx_spec is not None:
+            w_spec = _filter_chunk(plan, taps, f0, f1, buffer)
+            _mix_grad_input(gx_spec[:, f0:f1], g_spec[:, f0:f1], w_spec, groups)
+        if grad_taps is not None and x_spec is not None:
+            gw_spec = _grad_chunk(buffer, f1 - f0)
+            _mix_grad_filter(gw_spec, x_spec[:, f0:f1], g_spec[:, f0:f1], groups)
+            _accumulate_filter_grad(grad_taps, plan, gw_spec, f0, f1)
+    return gx_spec
+
+
+def _spectra_backward(
+    grad: torch.Tensor,
+    x_spec: torch.Tensor | None,
+    w: torch.Tensor,
+    taps: torch.Tensor,
+    grad_taps: torch.Tensor | None,
+    plan: DFTPlan,
+    need_x: bool,
+) -> torch.Tensor | None:
+    """Input gradient of one batch slice (if ``need_x``); adds the filter gradient to ``grad_taps``."""
+    gx_spec = _spectrum_backward(grad, x_spec, w, taps, grad_taps, plan, need_x)
+    return None if gx_spec is None else analysis_adjoint(gx_spec, plan, plan.geometry.in_size[0])
+
+
+class FFTConvFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        plan: DFTPlan,
+        spatial_dims: int,
+        out_dtype: torch.dtype,
+        keep: str,
+        return_spectrum: bool,
+        source: Source | None,
+        *source_tensors: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        compute = plan.analysis_w.dtype
+        x = as_2d(input.to(compute), spatial_dims)
+        w = as_2d(weight.to(compute), spatial_dims).contiguous()
+        n, channels = x.shape[:2]
+        ctx.extra = len(source_tensors)  # tensor arguments after the nine fixed ones
+        x_spec_bytes = 2 * plan.band.kept * n * channels * w.element_size()
+        if not ctx.needs_input_grad[1]:
+            source = None
+        elif keep == KEEP_SMALLER and source is None and input.nbytes <= x_spec_bytes:
+            source, source_tensors = Saved(), (input,)
+        elif keep == KEEP_SPECTRUM or source is None:
+            source = None
+        keep_x_spec = ctx.needs_input_grad[1] and source is None
+
+        out_shape = (n, w.shape[0], *plan.geometry.out_size[2 - spatial_dims :])
+        out_bytes = w.element_size() * math.prod(out_shape)
+        widest = max(channels, w.shape[0])
+        slices = _batch_slices(plan, n, widest, max(input.nbytes, out_bytes), w.element_size())
+        taps = _taps(w)
+        if len(slices) == 1:
+            x_spec, y_spec = _spectra(x, w, taps, plan)
+            out = _output(y_spec, plan, bias, spatial_dims, out_dtype)
+        else:
+            out = x.new_empty(out_shape, dtype=out_dtype)
+            x_spec = x.new_empty(2, plan.band.kept, n, channels) if keep_x_spec else None
+            y_spec = x.new_empty(2, plan.band.kept, n, w.shape[0]) if return_spectrum else None
+            for part in slices:
+                xs, ys = _spectra(x[part], w, taps, plan)
+                out[part] = _output(ys, plan, bias, spatial_dims, out_dtype)
+                for full, piece in ((x_spec, xs), (y_spec, ys)):
+                    if full is not None:
+                        full[:, :, part] = piece
+
+        kept = (x_spec,) if keep_x_spec else source_tensors if source is not None else ()
+        ctx.plan, ctx.source, ctx.spatial_dims, ctx.slices = plan, source, spatial_dims, slices
+        ctx.input_dtype, ctx.has_bias = input.dtype, bias is not None
+        ctx.save_for_backward(weight, *kept)
+        y_spec = y_spec if return_spectrum else x.new_empty(0)
+        ctx.mark_non_differentiable(y_spec)
+        return out, y_spec
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor, _: torch.Tensor):  # type: ignore[override]
+        plan: DFTPlan = ctx.plan
+        spatial_dims = ctx.spatial_dims
+        weight, *kept = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        compute = plan.analysis_w.dtype
+        w = as_2d(weight.to(compute), spatial_dims).contiguous()
+        x_full = None
+        if need_w and ctx.source is not None:
+            x_full = as_2d(rebuild(ctx.source, kept), spatial_dims)
+        taps = _taps(w)
+        grad_taps = torch.zeros_like(taps) if need_w else None
+        grad_x = None
+        for part in ctx.slices:
+            grad = as_2d(grad_out[part].to(compute), spatial_dims)
+            x_spec = None
+            if need_w:
+                x_spec = kept[0][:, :, part] if x_full is None else analysis(x_full[part].to(compute), plan)
+            gx = _spectra_backward(grad, x_spec, w, taps, grad_taps, plan, need_x)
+            if gx is not None:
+                gx = (gx.squeeze(-2) if spatial_dims == 1 else gx).to(ctx.input_dtype)
+                if len(ctx.slices) == 1:
+                    grad_x = gx
+                else:
+                    if grad_x is None:
+                        grad_x = gx.new_empty(grad_out.shape[0], *gx.shape[1:])
+                    grad_x[part] = gx
+        grad_b = None
+        if need_b and ctx.has_bias:
+            grad_b = grad_out.sum((0, *range(2, grad_out.dim())), dtype=compute).to(weight.dtype)
+        return (
+            grad_x,
+            grad_taps.T.reshape(weight.shape).to(weight.dtype) if grad_taps is not None else None,
+            grad_b,
+            *(None for _ in range(6 + ctx.extra)),
+        )
+
+
+def compute_dtypes(input: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """(dtype the frequency-domain math runs in, dtype of the result), as ``F.conv2d``."""
+    compute = torch.float64 if input.dtype == torch.float64 else torch.float32
+    return compute, conv_dtype(input)
+
+
+def itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+# ------------------------------------------------- a convolution split at its kept input spectrum
+# ``conv_from_spectrum(analyse(x, plan), ...)`` computes what the spectral algorithm computes from
+# ``x`` (the same operations), with the kept input spectrum as a tensor between the two halves: a
+# checkpointed block keeps that instead of its input (:mod:`lightning_bandlimit.spectral_checkpoint`).
+def input_plan(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: IntOrTuple,
+    padding: IntOrTuple | str,
+    dilation: IntOrTuple,
+    groups: int,
+    padding_mode: str,
+    compression: float,
+    spatial_dims: int,
+) -> DFTPlan:
+    """The plan of the spectral algorithm for a batched ``input`` (arguments as :func:`fft_conv2d`).
+
+    The convolution's band is resolved here, once, and every algorithm reads it from the plan.
+    ``compression`` is trusted: its public caller checked it.
+
+    Raises:
+        ValueError: as :func:`fft_conv2d`, for the geometry.
+    """
+    geometry = resolve_geometry(
+        input, weight, bias, stride, padding, dilation, groups, padding_mode, spatial_dims
+    )
+    band = quantised_band(geometry.grid, compression)
+    return dft_plan_for(geometry, band, compute_dtypes(input)[0], input.device)
+
+
+def spectrum_bytes(input: torch.Tensor, plan: DFTPlan) -> int:
+    """Bytes of ``input``'s kept spectrum under ``plan`` (what :func:`analyse` returns)."""
+    return 2 * plan.band.kept * input.shape[0] * input.shape[1] * itemsize(plan.analysis_w.dtype)
+
+
+class _Analyse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input: torch.Tensor, plan: DFTPlan, spatial_dims: int) -> torch.Tensor:  # type: ignore[override]
+        ctx.plan, ctx.spatial_dims, ctx.dtype = plan, spatial_dims, input.dtype
+        return analysis(as_2d(input.to(plan.analysis_w.dtype), spatial_dims), plan)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        plan: DFTPlan = ctx.plan
+        gx = analysis_adjoint(grad.contiguous(), plan, plan.geometry.in_size[0])
+        return (gx.squeeze(-2) if ctx.spatial_dims == 1 else gx).to(ctx.dtype), None, None
+
+
+class _SpectralConv(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx,
+        x_spec: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        plan: DFTPlan,
+        spatial_dims: int,
+        out_dtype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        w = as_2d(weight.to(plan.analysis_w.dtype), spatial_dims).contiguous()
+        y_spec = _output_spectrum(x_spec, w, _taps(w), plan)
+        out = _output(y_spec, plan, bias, spatial_dims, out_dtype)
+        ctx.plan, ctx.spatial_dims, ctx.has_bias = plan, spatial_dims, bias is not None
+        ctx.save_for_backward(weight, x_spec)
+        ctx.mark_non_differentiable(y_spec)
+        return out, y_spec
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor, _: torch.Tensor):  # type: ignore[override]
+        plan: DFTPlan = ctx.plan
+        weight, x_spec = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        compute = plan.analysis_w.dtype
+        w = as_2d(weight.to(compute), ctx.spatial_dims).contiguous()
+        taps = _taps(w)
+        grad_taps = torch.zeros_like(taps) if need_w else None
+        grad = as_2d(grad_out.to(compute), ctx.spatial_dims)
+        gx_spec = _spectrum_backward(grad, x_spec if need_w else None, w, taps, grad_taps, plan, need_x)
+        grad_b = None
+        if need_b and ctx.has_bias:
+            grad_b = grad_out.sum((0, *range(2, grad_out.dim())), dtype=compute).to(weight.dtype)
+        grad_w = grad_taps.T.reshape(weight.shape).to(weight.dtype) if grad_taps is not None else None
+        return gx_spec, grad_w, grad_b, None, None, None
+
+
+def analyse(input: torch.Tensor, plan: DFTPlan, spatial_dims: int) -> torch.Tensor:
+    """``input``'s kept spectrum under ``plan``, ``(2, F, N, C)``; differentiable, keeps nothing.
+
+    Example:
+        >>> x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+        >>> w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
+        >>> plan = input_plan(x, w, None, 1, 1, 1, 1, "zeros", 0.5, 2)
+        >>> out = conv_from_spectrum(analyse(x, plan, 2), w, None, plan, 2, x.dtype)
+        >>> from lightning_bandlimit.functional import fft_conv2d
+        >>> torch.allclose(out, fft_conv2d(x, w, padding=1, compression=0.5, algorithm="spectral"))
+        True
+    """
+    with torch.autocast(input.device.type, enabled=False):
+        return _Analyse.apply(input, plan, spatial_dims)
+
+
+def conv_from_spectrum(
+    x_spec: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    plan: DFTPlan,
+    spatial_dims: int,
+    out_dtype: torch.dtype,
+    memory_lean: bool = True,
+) -> torch.Tensor:
+    """The band-limited convolution of the input whose kept spectrum is ``x_spec`` (see :func:`analyse`).
+
+    With ``memory_lean`` the output is offered to the next lean op as its kept spectrum, as
+    :func:`fft_conv2d` does.
+    """
+    with torch.autocast(x_spec.device.type, enabled=False):
+        out, y_spec = _SpectralConv.apply(x_spec, weight, bias, plan, spatial_dims, out_dtype)
+    if memory_lean:
+        if y_spec.nbytes < out.nbytes:
+            spectrum = Spectrum(plan, bias is not None, spatial_dims, out_dtype)
+            publish(out, spectrum, (y_spec,) if bias is None else (y_spec, bias))
+        else:
+            publish(out, Saved(), ())
+    return out
