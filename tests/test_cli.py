@@ -223,7 +223,7 @@ def test_bad_compression_is_one_line_from_the_console_script(tmp_path: Path) -> 
             ["--trainer.max_epochs", "abc"],
             "lightning-bandlimit: error: --trainer.max_epochs: Expected a <class 'int'>. Got value: abc",
         ),
-        (["--model.width", "-3"], "lightning-bandlimit: error: num_classes and width must be positive"),
+        (["--model.width", "-3"], "lightning-bandlimit: error: width must be >= 1, got -3"),
         (["--model", "NoSuchModel"], "lightning-bandlimit: error: --model: "),
         (["--nosuch", "1"], "lightning-bandlimit: error: unrecognized arguments: --nosuch 1"),
     ],

@@ -193,3 +193,28 @@ def test_no_private_name_is_imported_from_another_module() -> None:
     assert not found, "private names imported across modules: " + "; ".join(
         f"{name} imports {', '.join(imports)}" for name, imports in sorted(found.items())
     )
+
+
+# The robustness recipe's rooms, lowest first: the threats (attacks and bands), the results (records,
+# report, study), the evaluation engine, then the command line's front.
+RECIPE_ROOMS: list[tuple[str, ...]] = [
+    ("threats", "attack_suite"),
+    ("results",),
+    ("evaluation",),
+    ("robustness",),
+]
+
+
+def _room(module: str) -> int:
+    room = module.split(".")[2]
+    for rank, names in enumerate(RECIPE_ROOMS):
+        if room in names:
+            return rank
+    raise AssertionError(f"{module} belongs to no room of the recipe; add it to RECIPE_ROOMS")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in _modules() if m.startswith(f"{PACKAGE}.recipes.")))
+def test_recipe_rooms_import_downwards(module: str) -> None:
+    recipe = [t for t in _graph()[module] if t.startswith(f"{PACKAGE}.recipes.")]
+    upward = sorted(t for t in recipe if _room(t) > _room(module))
+    assert not upward, f"{module} (room {_room(module)}) imports a later room: {upward}"

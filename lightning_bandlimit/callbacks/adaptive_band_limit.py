@@ -197,7 +197,8 @@ class AdaptiveBandLimit(BandLimit):
         )
         check_int("check_every_n_steps", check_every_n_steps, minimum=1)
         if not (isinstance(probe, MemoryProbe) or probe == "auto"):
-            raise ValueError(f"probe must be 'auto' or a MemoryProbe, got {probe!r}")
+            error = ValueError if isinstance(probe, str) else TypeError
+            raise error(f"probe must be 'auto' or a MemoryProbe, got {probe!r}")
         self.levers = levers
         self.continuum_rung = continuum_rung
         self.checkpoint_units = normalize_patterns("checkpoint_units", checkpoint_units)

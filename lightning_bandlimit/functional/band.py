@@ -71,9 +71,9 @@ def spectral_band(grid: tuple[int, int], compression: float) -> SpectralBand:
 
     Raises:
         TypeError: if ``compression`` is not a real number
-            (:func:`~lightning_bandlimit.utils.validation.check_compression`).
-        ValueError: if ``compression`` is outside ``[0, 1)`` or ``grid`` is not two
-            positive integers.
+            (:func:`~lightning_bandlimit.utils.validation.check_compression`) or ``grid`` is not
+            a pair of ints.
+        ValueError: if ``compression`` is outside ``[0, 1)`` or a ``grid`` size is below 1.
 
     Example:
         >>> band = spectral_band((34, 34), 0.5)
@@ -86,8 +86,10 @@ def spectral_band(grid: tuple[int, int], compression: float) -> SpectralBand:
     if (
         not isinstance(grid, (tuple, list))
         or len(grid) != 2
-        or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in grid)
+        or any(isinstance(n, bool) or not isinstance(n, int) for n in grid)
     ):
+        raise TypeError(f"grid must be two positive integers (H, W), got {grid!r}")
+    if min(grid) < 1:
         raise ValueError(f"grid must be two positive integers (H, W), got {grid!r}")
     # Validated first: the cache would treat False like 0.0.
     return quantised_band((int(grid[0]), int(grid[1])), compression)

@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 from torch import nn
 
+from lightning_bandlimit.utils.validation import check_int
+
 __all__ = ["BACKBONES", "build_backbone", "cifar_resnet18", "small_cnn"]
 
 
@@ -43,6 +45,7 @@ def cifar_resnet18(num_classes: int = 10, width: int = 64) -> nn.Module:
         width: channels of the first stage (64 in the paper; the others are 2x, 4x, 8x).
 
     Raises:
+        TypeError: if ``num_classes`` or ``width`` is not an int.
         ValueError: if ``num_classes`` or ``width`` is not positive.
 
     Example:
@@ -50,8 +53,8 @@ def cifar_resnet18(num_classes: int = 10, width: int = 64) -> nn.Module:
         >>> cifar_resnet18(10, width=8)(torch.rand(2, 3, 32, 32)).shape
         torch.Size([2, 10])
     """
-    if num_classes < 1 or width < 1:
-        raise ValueError(f"num_classes and width must be positive, got {num_classes} and {width}")
+    check_int("num_classes", num_classes, minimum=1)
+    check_int("width", width, minimum=1)
     widths = [width, 2 * width, 4 * width, 8 * width]
     layers: list[nn.Module] = [
         nn.Conv2d(3, width, 3, 1, 1, bias=False),
@@ -75,6 +78,7 @@ def small_cnn(num_classes: int = 10, width: int = 32) -> nn.Module:
         width: channels of the first block (the others are 2x).
 
     Raises:
+        TypeError: if ``num_classes`` or ``width`` is not an int.
         ValueError: if ``num_classes`` or ``width`` is not positive.
 
     Example:
@@ -82,8 +86,8 @@ def small_cnn(num_classes: int = 10, width: int = 32) -> nn.Module:
         >>> small_cnn(10, width=8)(torch.rand(2, 3, 32, 32)).shape
         torch.Size([2, 10])
     """
-    if num_classes < 1 or width < 1:
-        raise ValueError(f"num_classes and width must be positive, got {num_classes} and {width}")
+    check_int("num_classes", num_classes, minimum=1)
+    check_int("width", width, minimum=1)
 
     def block(c_in: int, c_out: int) -> list[nn.Module]:
         return [

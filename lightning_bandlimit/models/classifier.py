@@ -14,6 +14,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from lightning_bandlimit.models._lightning import advances_sample_schedules, training_loader
 from lightning_bandlimit.models.backbones import build_backbone
 from lightning_bandlimit.strategies.schedules import SampleSchedule
+from lightning_bandlimit.utils.validation import check_choice, check_int, check_real
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageClassifier", "Normalize"]
 
@@ -73,6 +74,7 @@ class ImageClassifier(pl.LightningModule):
             :class:`~lightning_bandlimit.strategies.ElasticDDPStrategy`, which advances it.
 
     Raises:
+        TypeError: if a hyperparameter has the wrong type (a float ``num_classes``, a string ``momentum``).
         ValueError: for an unknown backbone or an out-of-range hyperparameter; at fit time for
             ``lr_schedule="samples"`` without ``ElasticDDPStrategy``.
 
@@ -96,16 +98,12 @@ class ImageClassifier(pl.LightningModule):
         lr_schedule: str = "onecycle",
     ) -> None:
         super().__init__()
-        if num_classes < 2:
-            raise ValueError(f"num_classes must be at least 2, got {num_classes}")
-        if learning_rate <= 0 or not 0 <= momentum < 1 or weight_decay < 0 or not 0 <= label_smoothing < 1:
-            raise ValueError(
-                "expected learning_rate > 0, momentum in [0, 1), weight_decay >= 0 and "
-                f"label_smoothing in [0, 1), got {learning_rate}, {momentum}, {weight_decay}, "
-                f"{label_smoothing}"
-            )
-        if lr_schedule not in ("onecycle", "samples"):
-            raise ValueError(f"lr_schedule must be 'onecycle' or 'samples', got {lr_schedule!r}")
+        check_int("num_classes", num_classes, minimum=2)
+        check_real("learning_rate", learning_rate, minimum=0, min_open=True)
+        check_real("momentum", momentum, minimum=0, maximum=1, max_open=True)
+        check_real("weight_decay", weight_decay, minimum=0)
+        check_real("label_smoothing", label_smoothing, minimum=0, maximum=1, max_open=True)
+        check_choice("lr_schedule", lr_schedule, ("onecycle", "samples"))
         self.save_hyperparameters()
         self.normalize = Normalize(mean, std)
         self.backbone = build_backbone(backbone, num_classes, width)

@@ -127,8 +127,10 @@ def test_oom_backstop_can_be_turned_off(tmp_path: Path) -> None:
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="check_every_n_steps"):
         AdaptiveBandLimit(check_every_n_steps=0)
-    with pytest.raises(ValueError, match="probe must be"):
+    with pytest.raises(ValueError, match="probe.*'nvml-please'"):
         AdaptiveBandLimit(probe="nvml-please")
+    with pytest.raises(TypeError, match="probe.*object"):
+        AdaptiveBandLimit(probe=object())
     with pytest.raises(ValueError, match="release_free"):
         AdaptiveBandLimit(min_free=0.3, release_free=0.2)
 

@@ -178,9 +178,13 @@ def test_band_properties_hold_for_any_grid(height, width, c):
 # A bad compression: tests/test_compression_edge.py (every entry point, spectral_band included).
 
 
-@pytest.mark.parametrize("grid", [(0, 4), (4, 0), (-1, 3), (3,), (2, 3, 4), (2.0, 3)])
-def test_invalid_grid_raises(grid):
-    with pytest.raises(ValueError, match="grid"):
+@pytest.mark.parametrize(
+    ("grid", "error"),
+    [((0, 4), ValueError), ((4, 0), ValueError), ((-1, 3), ValueError), ((3,), TypeError)]
+    + [((2, 3, 4), TypeError), ((2.0, 3), TypeError), ((True, 3), TypeError), ("34x34", TypeError)],
+)
+def test_invalid_grid_raises(grid, error):
+    with pytest.raises(error, match="grid"):
         spectral_band(grid, 0.5)
 
 

@@ -126,8 +126,7 @@ def test_batchnorm_follows_the_fixed_run_only_with_one_micro_batch_size(tmp_path
     fixed = _run(tmp_path / "fixed32", [(1, RESIZED[1][1])], **cfg)
     changed = _run(tmp_path / "changed", RESIZED[:2], first=tmp_path / "fixed32", **cfg)
     assert fixed[0][4]["layouts"] == {(1, 32, 1)} and changed[0][4]["layouts"] == {(2, 16, 1)}
-    first_resized = RESIZED[0][1]
-    assert _mean(changed[0][first_resized - 1]["losses"]) == _mean(fixed[0][first_resized - 1]["losses"])
+    first_resized = RESIZED[0][1]  # steps before it are the fixed run's own (its checkpoint is resumed)
     gaps = [
         abs(_mean(changed[0][s]["losses"]) / _mean(fixed[0][s]["losses"]) - 1)
         for s in range(first_resized, RESIZED[1][1])
