@@ -45,6 +45,9 @@ def _agent(out: Path, port: int, name: str) -> subprocess.Popen:
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{port}",
             "--rdzv-id=elastic-test",
+            # a round that reached its minimum closes after 1 s (default 30 s); a dead peer is
+            # noticed after 3 missed 1 s keep-alives
+            "--rdzv-conf=last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3",
             "--max-restarts=3",
             "--monitor-interval=1",
             str(WORKER),
