@@ -306,10 +306,25 @@ def _region(
             env[reader.node] = conv_function(spatial_dims)(
                 kept, conv.weight, conv.bias, 1, 0, conv.dilation, conv.groups
             )
-    for node in plan.region:
+    _run(module, plan.region, env, keep=plan.outputs)
+    return tuple(env[node] for node in plan.outputs)
+
+
+def _run(
+    module: nn.Module, nodes: tuple[fx.Node, ...], env: dict[fx.Node, Any], keep: tuple[fx.Node, ...]
+) -> None:
+    """Execute ``nodes`` not in ``env`` yet; a value is dropped after its last use among them (as
+    ``fx.Interpreter`` does), so a recomputed block holds one or two feature maps, not all of them."""
+    last_use: dict[fx.Node, int] = {}
+    for i, node in enumerate(nodes):
+        for used in node.all_input_nodes:
+            last_use[used] = i
+    for i, node in enumerate(nodes):
         if node not in env:
             env[node] = _execute(module, node, env)
-    return tuple(env[node] for node in plan.outputs)
+        for used in node.all_input_nodes:
+            if last_use[used] == i and used not in keep:
+                env.pop(used, None)
 
 
 def checkpoint_from_spectrum(
@@ -358,6 +373,5 @@ def checkpoint_from_spectrum(
     env: dict[fx.Node, Any] = dict(zip(plan.outputs, outs))
     assert plan.input is not None
     env[plan.input] = x
-    for node in plan.outside:
-        env[node] = _execute(module, node, env)
+    _run(module, plan.outside, env, keep=(plan.outside[-1],))
     return True, env[plan.outside[-1]]

@@ -1,6 +1,7 @@
 """Checkpointed band-limited blocks keep only their kept spectrum: exact, smaller, and honest fallbacks."""
 
 import copy
+import weakref
 
 import pytest
 import torch
@@ -232,3 +233,18 @@ def test_eval_and_no_grad_run_the_block_as_it_is() -> None:
         torch.testing.assert_close(block.train()(x), reference.train()(x), rtol=0, atol=1e-12)
     torch.testing.assert_close(block.eval()(x), reference.eval()(x), rtol=0, atol=1e-12)
     assert spectral_fallback(block) is None  # not a checkpointed training forward: nothing recorded
+
+
+def test_the_recomputed_region_drops_each_feature_map_after_its_last_use() -> None:
+    # bn1's output (ReLU'd in place) is read only by conv2: by the time bn2 runs, in the forward
+    # and in the recompute, nothing may hold it (a block would otherwise hold all its maps).
+    block = bandlimit(_BasicBlock(8, 8, 1), 0.5).train()
+    checkpoint(block)
+    seen: list = []
+    alive_at_bn2: list[bool] = []
+    block.bn1.register_forward_hook(lambda m, i, out: seen.append(weakref.ref(out)))
+    block.bn2.register_forward_pre_hook(lambda m, i: alive_at_bn2.append(seen[-1]() is not None))
+    x = torch.rand(4, 8, 16, 16, requires_grad=True)
+    block(x).sum().backward()
+    assert spectral_fallback(block) is None
+    assert alive_at_bn2 == [False, False]  # the forward, then the recompute

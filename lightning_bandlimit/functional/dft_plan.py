@@ -199,23 +199,47 @@ def dft_plan_for(
 
 
 # ------------------------------------------------- applying a plan
+# Each transform passes through an intermediate about the size of a feature map (one axis done,
+# the other not). It is made a batch slice at a time, so that a backward pass, whose peak is a
+# few feature maps, does not hold a whole extra one.
+_TRANSIENT_BYTES = 1 << 21
+
+
+def _batch_pieces(n: int, per_sample_bytes: int) -> list[tuple[int, int]]:
+    step = max(1, min(n, _TRANSIENT_BYTES // max(1, per_sample_bytes)))
+    return [(i, min(i + step, n)) for i in range(0, n, step)]
+
+
 def analysis(x: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
     """``(N, C, H, W)`` real -> ``(2, F, N, C)`` kept spectrum."""
     n, c, h, w = x.shape
     k = plan.band.cols
-    rows = x.reshape(n * c, h, w).permute(1, 2, 0)  # (H, W, NC): a transposed GEMM operand
-    t = torch.bmm(plan.analysis_w.expand(h, 2 * k, w), rows)  # (H, 2K, NC) = (h, j, k, n, c)
-    return (plan.analysis_h @ t.view(2 * h, k * n * c)).view(2, -1, n, c)
+    pieces = _batch_pieces(n, h * 2 * k * c * x.element_size())
+    out = x.new_empty(2 * plan.band.rows, k, n, c) if len(pieces) > 1 else None
+    for n0, n1 in pieces:
+        m = n1 - n0
+        rows = x[n0:n1].reshape(m * c, h, w).permute(1, 2, 0)  # (H, W, mC): a transposed GEMM operand
+        t = torch.bmm(plan.analysis_w.expand(h, 2 * k, w), rows)  # (H, 2K, mC) = (h, j, k, m, c)
+        if out is None:
+            return (plan.analysis_h @ t.view(2 * h, k * m * c)).view(2, -1, n, c)
+        out[:, :, n0:n1] = (plan.analysis_h @ t.view(2 * h, k * m * c)).view(-1, k, m, c)
+    return out.view(2, -1, n, c)
 
 
 def analysis_adjoint(spec: torch.Tensor, plan: DFTPlan, in_h: int) -> torch.Tensor:
     """Transpose of :func:`analysis`: ``(2, F, N, C)`` -> ``(N, C, H, W)``."""
     _, _, n, c = spec.shape
     k = plan.band.cols
-    t = (plan.analysis_h_t @ spec.reshape(2 * plan.band.rows, -1)).view(in_h, 2 * k, n * c)
-    out = spec.new_empty(n, c, in_h, plan.analysis_w.shape[1])
-    rows = out.view(n * c, in_h, -1).permute(1, 0, 2)  # (H, NC, W) view of the result
-    torch.bmm(t.transpose(1, 2), plan.analysis_w.expand(in_h, 2 * k, -1), out=rows)
+    w = plan.analysis_w.shape[1]
+    out = spec.new_empty(n, c, in_h, w)
+    pieces = _batch_pieces(n, in_h * 2 * k * c * spec.element_size())
+    blocks = spec.view(2 * plan.band.rows, k, n, c)
+    for n0, n1 in pieces:
+        m = n1 - n0
+        part = blocks if len(pieces) == 1 else blocks[:, :, n0:n1].contiguous()
+        t = (plan.analysis_h_t @ part.view(2 * plan.band.rows, -1)).view(in_h, 2 * k, m * c)
+        rows = out[n0:n1].view(m * c, in_h, w).permute(1, 0, 2)  # (H, mC, W) view of the result
+        torch.bmm(t.transpose(1, 2), plan.analysis_w.expand(in_h, 2 * k, w), out=rows)
     return out
 
 
@@ -224,10 +248,15 @@ def synthesis(spec: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
     _, _, n, o = spec.shape
     k = plan.band.cols
     p, q = plan.geometry.out_size
-    z = (plan.synthesis_h @ spec.reshape(2 * plan.band.rows, -1)).view(p, 2 * k, n * o)
     out = spec.new_empty(n, o, p, q)
-    rows = out.view(n * o, p, q).permute(1, 0, 2)  # (P, NO, Q) view of the result
-    torch.bmm(z.transpose(1, 2), plan.synthesis_w.expand(p, 2 * k, q), out=rows)
+    pieces = _batch_pieces(n, p * 2 * k * o * spec.element_size())
+    blocks = spec.view(2 * plan.band.rows, k, n, o)
+    for n0, n1 in pieces:
+        m = n1 - n0
+        part = blocks if len(pieces) == 1 else blocks[:, :, n0:n1].contiguous()
+        z = (plan.synthesis_h @ part.view(2 * plan.band.rows, -1)).view(p, 2 * k, m * o)
+        rows = out[n0:n1].view(m * o, p, q).permute(1, 0, 2)  # (P, mO, Q) view of the result
+        torch.bmm(z.transpose(1, 2), plan.synthesis_w.expand(p, 2 * k, q), out=rows)
     return out
 
 
@@ -235,6 +264,13 @@ def synthesis_adjoint(grad: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
     """Transpose of :func:`synthesis`: ``(N, O, P, Q)`` -> ``(2, F, N, O)``."""
     n, o, p, q = grad.shape
     k = plan.band.cols
-    rows = grad.reshape(n * o, p, q).permute(1, 2, 0)  # (P, Q, NO)
-    z = torch.bmm(plan.synthesis_w.expand(p, 2 * k, q), rows)  # (P, 2K, NO) = (p, j, k, n, o)
-    return (plan.synthesis_h_t @ z.view(2 * p, k * n * o)).view(2, -1, n, o)
+    pieces = _batch_pieces(n, p * 2 * k * o * grad.element_size())
+    out = grad.new_empty(2 * plan.band.rows, k, n, o) if len(pieces) > 1 else None
+    for n0, n1 in pieces:
+        m = n1 - n0
+        rows = grad[n0:n1].reshape(m * o, p, q).permute(1, 2, 0)  # (P, Q, mO)
+        z = torch.bmm(plan.synthesis_w.expand(p, 2 * k, q), rows)  # (P, 2K, mO) = (p, j, k, m, o)
+        if out is None:
+            return (plan.synthesis_h_t @ z.view(2 * p, k * m * o)).view(2, -1, n, o)
+        out[:, :, n0:n1] = (plan.synthesis_h_t @ z.view(2 * p, k * m * o)).view(-1, k, m, o)
+    return out.view(2, -1, n, o)

@@ -219,35 +219,66 @@ def _spectra(
     return x_spec, _output_spectrum(x_spec, w, taps, plan)
 
 
+def _filter_grad(
+    g_spec: torch.Tensor, x_spec: torch.Tensor, w: torch.Tensor, grad_taps: torch.Tensor, plan: DFTPlan
+) -> None:
+    """Adds the filter gradient of output-gradient spectrum ``g_spec`` to ``grad_taps``."""
+    chunks = _chunks(plan, w.shape, w.element_size())
+    buffer = _filter_buffer(plan, w, chunks[0][1])
+    for f0, f1 in chunks:
+        gw_spec = _grad_chunk(buffer, f1 - f0)
+        _mix_grad_filter(gw_spec, x_spec[:, f0:f1], g_spec[:, f0:f1], plan.geometry.groups)
+        _accumulate_filter_grad(grad_taps, plan, gw_spec, f0, f1)
+
+
+def _input_grad_spectrum(
+    g_spec: torch.Tensor, w: torch.Tensor, taps: torch.Tensor, plan: DFTPlan
+) -> torch.Tensor:
+    """Gradient of the kept input spectrum from output-gradient spectrum ``g_spec``."""
+    groups = plan.geometry.groups
+    chunks = _chunks(plan, w.shape, w.element_size())
+    buffer = _filter_buffer(plan, w, chunks[0][1])
+    gx_spec = g_spec.new_empty(2, g_spec.shape[1], g_spec.shape[2], w.shape[1] * groups)
+    for f0, f1 in chunks:
+        w_spec = _filter_chunk(plan, taps, f0, f1, buffer)
+        _mix_grad_input(gx_spec[:, f0:f1], g_spec[:, f0:f1], w_spec, groups)
+    return gx_spec
+
+
+class _Operands:
+    """What one backward holds, released as soon as it is used (the backward's peak memory).
+
+    The filter gradient is taken first, so that the input (and its spectrum) are gone before
+    the input gradient is allocated.
+    """
+
+    def __init__(self, x_spec: torch.Tensor | None) -> None:
+        self.x_spec = x_spec
+
+
 def _spectrum_backward(
     grad: torch.Tensor,
-    x_spec: torch.Tensor | None,
+    held: _Operands,
     w: torch.Tensor,
     taps: torch.Tensor,
     grad_taps: torch.Tensor | None,
     plan: DFTPlan,
     need_x: bool,
 ) -> torch.Tensor | None:
-    """Gradient of the kept input spectrum (if ``need_x``); adds the filter gradient to ``grad_taps``."""
-    groups = plan.geometry.groups
+    """Gradient of the kept input spectrum (if ``need_x``); adds the filter gradient to ``grad_taps``.
+
+    Drops ``held.x_spec`` once the filter gradient no longer needs it.
+    """
     g_spec = synthesis_adjoint(grad, plan)
-    chunks = _chunks(plan, w.shape, w.element_size())
-    buffer = _filter_buffer(plan, w, chunks[0][1])
-    gx_spec = g_spec.new_empty(2, g_spec.shape[1], g_spec.shape[2], w.shape[1] * groups) if need_x else None
-    for f0, f1 in chunks:
-        if gx_spec is not None:
-            w_spec = _filter_chunk(plan, taps, f0, f1, buffer)
-            _mix_grad_input(gx_spec[:, f0:f1], g_spec[:, f0:f1], w_spec, groups)
-        if grad_taps is not None and x_spec is not None:
-            gw_spec = _grad_chunk(buffer, f1 - f0)
-            _mix_grad_filter(gw_spec, x_spec[:, f0:f1], g_spec[:, f0:f1], groups)
-            _accumulate_filter_grad(grad_taps, plan, gw_spec, f0, f1)
-    return gx_spec
+    if grad_taps is not None and held.x_spec is not None:
+        _filter_grad(g_spec, held.x_spec, w, grad_taps, plan)
+    held.x_spec = None
+    return _input_grad_spectrum(g_spec, w, taps, plan) if need_x else None
 
 
 def _spectra_backward(
     grad: torch.Tensor,
-    x_spec: torch.Tensor | None,
+    held: _Operands,
     w: torch.Tensor,
     taps: torch.Tensor,
     grad_taps: torch.Tensor | None,
@@ -255,7 +286,7 @@ def _spectra_backward(
     need_x: bool,
 ) -> torch.Tensor | None:
     """Input gradient of one batch slice (if ``need_x``); adds the filter gradient to ``grad_taps``."""
-    gx_spec = _spectrum_backward(grad, x_spec, w, taps, grad_taps, plan, need_x)
+    gx_spec = _spectrum_backward(grad, held, w, taps, grad_taps, plan, need_x)
     return None if gx_spec is None else analysis_adjoint(gx_spec, plan, plan.geometry.in_size[0])
 
 
@@ -295,6 +326,8 @@ class FFTConvFunction(torch.autograd.Function):
         taps = _taps(w)
         if len(slices) == 1:
             x_spec, y_spec = _spectra(x, w, taps, plan)
+            if not keep_x_spec:
+                x_spec = None  # not kept: freed before the output is made
             out = _output(y_spec, plan, bias, spatial_dims, out_dtype)
         else:
             out = x.new_empty(out_shape, dtype=out_dtype)
@@ -332,10 +365,14 @@ class FFTConvFunction(torch.autograd.Function):
         grad_x = None
         for part in ctx.slices:
             grad = as_2d(grad_out[part].to(compute), spatial_dims)
-            x_spec = None
+            held = _Operands(None)
             if need_w:
-                x_spec = kept[0][:, :, part] if x_full is None else analysis(x_full[part].to(compute), plan)
-            gx = _spectra_backward(grad, x_spec, w, taps, grad_taps, plan, need_x)
+                held.x_spec = (
+                    kept[0][:, :, part] if x_full is None else analysis(x_full[part].to(compute), plan)
+                )
+            if len(ctx.slices) == 1:
+                x_full = None  # needed only for its spectrum: freed before the input gradient exists
+            gx = _spectra_backward(grad, held, w, taps, grad_taps, plan, need_x)
             if gx is not None:
                 gx = (gx.squeeze(-2) if spatial_dims == 1 else gx).to(ctx.input_dtype)
                 if len(ctx.slices) == 1:
@@ -445,7 +482,9 @@ class _SpectralConv(torch.autograd.Function):
         taps = _taps(w)
         grad_taps = torch.zeros_like(taps) if need_w else None
         grad = as_2d(grad_out.to(compute), ctx.spatial_dims)
-        gx_spec = _spectrum_backward(grad, x_spec if need_w else None, w, taps, grad_taps, plan, need_x)
+        gx_spec = _spectrum_backward(
+            grad, _Operands(x_spec if need_w else None), w, taps, grad_taps, plan, need_x
+        )
         grad_b = None
         if need_b and ctx.has_bias:
             grad_b = grad_out.sum((0, *range(2, grad_out.dim())), dtype=compute).to(weight.dtype)
