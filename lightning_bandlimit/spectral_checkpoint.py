@@ -43,6 +43,7 @@ import torch
 import torch.utils.checkpoint
 from torch import fx, nn
 
+from lightning_bandlimit.functional.band import SpectralBand
 from lightning_bandlimit.functional.lean.ops import conv_dtype, conv_function, stride_grid
 from lightning_bandlimit.functional.spectral_kernel import (
     analyse,
@@ -52,7 +53,8 @@ from lightning_bandlimit.functional.spectral_kernel import (
 )
 from lightning_bandlimit.layers import BandLimitedConvNd
 
-__all__ = ["BlockPlan", "block_plan", "can_keep_spectrum", "checkpoint_from_spectrum", "spectral_fallback"]
+__all__ = ["BlockPlan", "block_plan", "can_keep_spectrum", "checkpoint_from_spectrum", "compact_spectrum"]
+__all__ += ["expand_spectrum", "spectral_fallback"]
 
 _ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
 _ADD_METHODS = ("add", "add_")
@@ -262,6 +264,74 @@ def _readers(module: nn.Module, plan: BlockPlan, x: torch.Tensor) -> list[_Reade
     return readers
 
 
+# ---------------------------------------------------------------- Hermitian-compact kept spectra
+# A real map's spectrum is Hermitian: in the one-sided layout, column 0 at row frequency -r is the
+# conjugate of column 0 at +r, and its self-mirrored entries (frequency 0, and H/2 on an even grid)
+# are real. A held spectrum keeps only column 0's real degrees of freedom (a few per cent of the
+# spectrum) and gets the rest back, exactly, before the recompute reads it.
+@functools.lru_cache(maxsize=256)
+def _mirrors(band: SpectralBand) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:
+    """``(j0, j1, mirror, real)``: column-0 rows ``j0..j1-1`` mirror rows ``mirror``; ``real`` are real."""
+    height = band.grid[0]
+    if band.rows < height:  # rows are frequencies 0..n, then -n..-1
+        n = band.half_rows
+        return n + 1, 2 * n + 1, tuple(range(n, 0, -1)), (0,)
+    half = height // 2 + 1
+    real = (0, height // 2) if height % 2 == 0 else (0,)
+    return half, height, tuple(height - j for j in range(half, height)), real
+
+
+@functools.lru_cache(maxsize=256)
+def _compaction(band: SpectralBand, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of the stacked ``(2F, ...)`` spectrum that a compact one keeps, and for every row its
+    place in the compact one (a mirrored row: its mirror's place; a zero: any place)."""
+    j0, j1, mirror, real = _mirrors(band)
+    k, f = band.cols, band.kept
+    dropped = torch.zeros(2 * f, dtype=torch.bool)
+    dropped[j0 * k : j1 * k : k] = True  # real parts of mirrored entries
+    dropped[f + j0 * k : f + j1 * k : k] = True  # imaginary parts
+    dropped[[f + j * k for j in real]] = True  # imaginary parts of real entries (zero)
+    keep = torch.nonzero(~dropped).squeeze(1)
+    place = (torch.cumsum(~dropped, 0) - 1).clamp(min=0)
+    rows = torch.tensor(mirror, dtype=torch.long) * k
+    place[j0 * k : j1 * k : k] = place[rows]
+    place[f + j0 * k : f + j1 * k : k] = place[f + rows]
+    return keep.to(device), place.to(device)
+
+
+class _Compact(torch.autograd.Function):
+    # ``index_select`` would save its (shared, cached) index for backward: it is not the block's.
+    @staticmethod
+    def forward(ctx, spec: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.keep, ctx.full = keep, spec.shape
+        return spec.reshape(-1, *spec.shape[2:]).index_select(0, keep)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        full = grad.new_zeros(ctx.full)
+        full.view(-1, *ctx.full[2:]).index_copy_(0, ctx.keep, grad)
+        return full, None
+
+
+def compact_spectrum(spec: torch.Tensor, band: SpectralBand) -> torch.Tensor:
+    """A kept spectrum ``(2, F, N, C)`` of a real map as ``(M, N, C)``: column 0's real degrees of
+    freedom only (see :func:`expand_spectrum`)."""
+    keep, _ = _compaction(band, spec.device)
+    return _Compact.apply(spec, keep)
+
+
+def expand_spectrum(compact: torch.Tensor, band: SpectralBand) -> torch.Tensor:
+    """The ``(2, F, N, C)`` spectrum :func:`compact_spectrum` was made from (a Hermitian one)."""
+    _, place = _compaction(band, compact.device)
+    j0, j1, _, real = _mirrors(band)
+    k, f = band.cols, band.kept
+    full = compact.index_select(0, place)
+    full[f + j0 * k : f + j1 * k : k].neg_()
+    for j in real:
+        full[f + j * k].zero_()
+    return full.view(2, f, *compact.shape[1:])
+
+
 class _Hold(torch.autograd.Function):
     """Identity that keeps its input for backward, so saved-tensor hooks see what a block keeps."""
 
@@ -299,8 +369,9 @@ def _region(
         conv: Any = reader.conv
         spatial_dims = len(conv.kernel_size)
         if reader.plan is not None:
+            spectrum = expand_spectrum(kept, reader.plan.band)
             env[reader.node] = conv_from_spectrum(
-                kept, conv.weight, conv.bias, reader.plan, spatial_dims, out_dtype
+                spectrum, conv.weight, conv.bias, reader.plan, spatial_dims, out_dtype
             )
         else:
             env[reader.node] = conv_function(spatial_dims)(
@@ -362,7 +433,8 @@ def checkpoint_from_spectrum(
     held = []
     for reader in readers:
         if reader.plan is not None:
-            held.append(_Hold.apply(analyse(x, reader.plan, len(reader.conv.kernel_size))))
+            spectrum = analyse(x, reader.plan, len(reader.conv.kernel_size))
+            held.append(_Hold.apply(compact_spectrum(spectrum, reader.plan.band)))
             reader.conv.achieved_compression = reader.plan.band.compression
         else:
             # a copy, not a view: x's storage is freed

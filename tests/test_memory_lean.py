@@ -379,3 +379,24 @@ def test_lean_modules_are_the_plain_ones_at_compression_zero() -> None:
     with SavedTensorMeter() as meter:
         relu(torch.randn(2, 16, requires_grad=True) * 1.0)
     assert meter.bytes == 2 * 16 * 4  # its output, as nn.ReLU keeps
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("compression", [0.5, 0.9])
+def test_a_stem_hands_its_output_on_as_a_recompute_from_its_own_kept_input(
+    bias: bool, compression: float
+) -> None:
+    # A conv widening 2 channels to 16: its BatchNorm keeps nothing the conv does not keep
+    # already (the output is recomputed from the conv's kept input), and the step stays exact.
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Conv2d(2, 16, 3, padding=1, bias=bias), nn.BatchNorm2d(16), nn.ReLU(inplace=True))
+    base = base.double()
+    x = torch.randn(4, 2, 12, 12, dtype=torch.float64)
+    _assert_same_step(base, x, compression, 1e-10)
+    lean = bandlimit(copy.deepcopy(base), compression).train()
+    with SavedTensorMeter(exclude=lean.parameters()) as meter:
+        out = lean(x)
+    # the conv keeps the image (or its smaller spectrum), the ReLU its bit mask, BatchNorm two
+    # per-channel vectors; not the output's spectrum (about 12 times the image here)
+    mask = pack_mask(torch.ones(out.shape, dtype=torch.bool)).nbytes
+    assert meter.bytes <= x.nbytes + mask + 2 * 16 * 8

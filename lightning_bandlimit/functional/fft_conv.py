@@ -21,16 +21,23 @@ from lightning_bandlimit.functional.spatial_conv import spatial_conv
 from lightning_bandlimit.functional.spectral_kernel import (
     KEEP_SMALLER,
     KEEP_SPECTRUM,
+    RETURN_KEPT_INPUT,
     FFTConvFunction,
+    FromInput,
     Spectrum,
     as_2d,
     compute_dtypes,
     input_plan,
     itemsize,
+    spectrum_bytes,
 )
 from lightning_bandlimit.utils.validation import check_compression
 
 __all__ = ["band_limited_conv", "fft_conv1d", "fft_conv2d"]
+
+# A memory-lean layer whose kept input is at most this fraction of its output hands the output on
+# as "recompute me from my input" (its stem): the recompute costs a narrow convolution.
+_FROM_INPUT_RATIO = 4
 
 
 def band_limited_conv(
@@ -80,6 +87,19 @@ def band_limited_conv(
     out_numel = batched.shape[0] * weight.shape[0] * geometry.out_size[0] * geometry.out_size[1]
     spectrum_numel = 2 * plan.band.kept * batched.shape[0] * weight.shape[0]
     publish_spectrum = lean and spectrum_numel * itemsize(compute_dtype) < out_numel * itemsize(out_dtype)
+    input_spectrum_bytes = spectrum_bytes(batched, plan)
+    from_input = (
+        lean
+        and source is None
+        and weight.requires_grad
+        and algorithm in ("auto", "spectral")
+        and _FROM_INPUT_RATIO * min(batched.nbytes, input_spectrum_bytes)
+        <= min(spectrum_numel * itemsize(compute_dtype), out_numel * itemsize(out_dtype))
+    )
+    if from_input:
+        # The output is recomputed from what the convolution keeps of its (narrow) input anyway:
+        # the next BatchNorm keeps nothing new (a stem reading an RGB image).
+        algorithm, publish_spectrum = "spectral", False
     if algorithm == "auto" and publish_spectrum:
         # Only the spectral algorithm can hand its output to the next BatchNorm as a spectrum
         # smaller than the output: memory-lean training keeps it there.
@@ -120,11 +140,16 @@ def band_limited_conv(
             spatial_dims,
             out_dtype,
             KEEP_SMALLER if lean else KEEP_SPECTRUM,
-            publish_spectrum,
+            RETURN_KEPT_INPUT if from_input else publish_spectrum,
             source,
             *tensors,
         )
-    if publish_spectrum:
+    if from_input:
+        is_spectrum = batched.nbytes > input_spectrum_bytes  # as the kernel chose (KEEP_SMALLER)
+        recipe = FromInput(plan, bias is not None, spatial_dims, out_dtype, is_spectrum)
+        kept = y_spec if is_spectrum else batched
+        publish(out, recipe, (kept, weight) if bias is None else (kept, weight, bias))
+    elif publish_spectrum:
         spectrum = Spectrum(plan, bias is not None, spatial_dims, out_dtype)
         publish(out, spectrum, (y_spec,) if bias is None else (y_spec, bias))
     elif lean:

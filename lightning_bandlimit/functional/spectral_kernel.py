@@ -41,7 +41,15 @@ from lightning_bandlimit.functional.lean.ops import conv_dtype
 from lightning_bandlimit.functional.lean.sources import Saved, Source, publish, rebuild, reuse
 
 __all__ = ["KEEP_SMALLER", "KEEP_SPECTRUM", "FFTConvFunction", "Spectrum", "analyse", "as_2d"]
-__all__ += ["compute_dtypes", "conv_from_spectrum", "input_plan", "itemsize", "spectrum_bytes"]
+__all__ += [
+    "FromInput",
+    "RETURN_KEPT_INPUT",
+    "compute_dtypes",
+    "conv_from_spectrum",
+    "input_plan",
+    "itemsize",
+    "spectrum_bytes",
+]
 
 # The full filter spectrum (F x O x C/g complex) is larger than the activation for wide layers,
 # so it is computed a chunk of frequencies at a time: a small buffer, reused. Every chunk
@@ -180,9 +188,50 @@ class Spectrum(Source):
         return reuse(y_spec, lambda: _output(y_spec, self.plan, bias, self.spatial_dims, self.dtype))
 
 
+@dataclass(frozen=True)
+class FromInput(Source):
+    """A band-limited convolution's output, recomputed from what the convolution keeps of its
+    input anyway (its kept spectrum, or the input itself) and its weight (and bias).
+
+    For a layer that widens a narrow input, a network's stem reading an RGB image, this costs
+    no memory at all beside what the convolution keeps, where the output's spectrum would cost
+    more than the output. The recomputation runs the forward's operations on the same batch
+    slices (equal to round-off).
+    """
+
+    plan: DFTPlan
+    has_bias: bool
+    spatial_dims: int
+    dtype: torch.dtype
+    is_spectrum: bool
+
+    def rebuild(self, tensors: Iterator[torch.Tensor]) -> torch.Tensor:
+        kept, weight = next(tensors), next(tensors)
+        bias = next(tensors) if self.has_bias else None
+        return reuse(kept, lambda: self._output(kept, weight, bias))
+
+    def _output(self, kept: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        compute = self.plan.analysis_w.dtype
+        w = as_2d(weight.to(compute), self.spatial_dims).contiguous()
+        taps = _taps(w)
+        n = kept.shape[2] if self.is_spectrum else kept.shape[0]
+        out_bytes = w.element_size() * n * w.shape[0] * math.prod(self.plan.geometry.out_size)
+        parts = []
+        for part in _batch_slices(self.plan, n, w.shape[0], out_bytes, w.element_size()):
+            if self.is_spectrum:
+                x_spec = kept[:, :, part]
+            else:
+                x_spec = analysis(as_2d(kept[part].to(compute), self.spatial_dims), self.plan)
+            y_spec = _output_spectrum(x_spec, w, taps, self.plan)
+            parts.append(_output(y_spec, self.plan, bias, self.spatial_dims, self.dtype))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 # What a band-limited convolution keeps of its input for the weight gradient.
 KEEP_SPECTRUM = "spectrum"  # the kept input spectrum (always)
 KEEP_SMALLER = "smaller"  # the input's published recipe if any, else spectrum or input, whichever is smaller
+# ``return_spectrum`` value: the second output is the kept input spectrum (empty if the input is kept)
+RETURN_KEPT_INPUT = "kept input"
 
 
 def _batch_slices(plan: DFTPlan, n: int, channels: int, activation_bytes: int, itemsize: int) -> list[slice]:
@@ -301,7 +350,7 @@ class FFTConvFunction(torch.autograd.Function):
         spatial_dims: int,
         out_dtype: torch.dtype,
         keep: str,
-        return_spectrum: bool,
+        return_spectrum: bool | str,
         source: Source | None,
         *source_tensors: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -332,7 +381,7 @@ class FFTConvFunction(torch.autograd.Function):
         else:
             out = x.new_empty(out_shape, dtype=out_dtype)
             x_spec = x.new_empty(2, plan.band.kept, n, channels) if keep_x_spec else None
-            y_spec = x.new_empty(2, plan.band.kept, n, w.shape[0]) if return_spectrum else None
+            y_spec = x.new_empty(2, plan.band.kept, n, w.shape[0]) if return_spectrum is True else None
             for part in slices:
                 xs, ys = _spectra(x[part], w, taps, plan)
                 out[part] = _output(ys, plan, bias, spatial_dims, out_dtype)
@@ -344,7 +393,10 @@ class FFTConvFunction(torch.autograd.Function):
         ctx.plan, ctx.source, ctx.spatial_dims, ctx.slices = plan, source, spatial_dims, slices
         ctx.input_dtype, ctx.has_bias = input.dtype, bias is not None
         ctx.save_for_backward(weight, *kept)
-        y_spec = y_spec if return_spectrum else x.new_empty(0)
+        if return_spectrum == RETURN_KEPT_INPUT:
+            y_spec = x_spec if keep_x_spec else x.new_empty(0)
+        elif return_spectrum is not True:
+            y_spec = x.new_empty(0)
         ctx.mark_non_differentiable(y_spec)
         return out, y_spec
 
