@@ -45,6 +45,7 @@ from torch import fx, nn
 
 from lightning_bandlimit.functional.band import SpectralBand
 from lightning_bandlimit.functional.lean.ops import conv_dtype, conv_function, stride_grid
+from lightning_bandlimit.functional.lean.sources import keeping_spectra
 from lightning_bandlimit.functional.spectral_kernel import (
     analyse,
     conv_from_spectrum,
@@ -377,7 +378,8 @@ def _region(
             env[reader.node] = conv_function(spatial_dims)(
                 kept, conv.weight, conv.bias, 1, 0, conv.dilation, conv.groups
             )
-    _run(module, plan.region, env, keep=plan.outputs)
+    with keeping_spectra():
+        _run(module, plan.region, env, keep=plan.outputs)
     return tuple(env[node] for node in plan.outputs)
 
 

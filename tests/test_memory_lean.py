@@ -22,7 +22,7 @@ from lightning_bandlimit.functional.dft_plan import dft_plan
 from lightning_bandlimit.functional.geometry import resolve_geometry
 from lightning_bandlimit.functional.lean import sources
 from lightning_bandlimit.functional.lean.ops import lean_max_pool2d, lean_relu, pack_mask, unpack_mask
-from lightning_bandlimit.functional.spectral_kernel import _batch_slices
+from lightning_bandlimit.functional.spectral_kernel import _batch_slices, input_plan, spectrum_bytes
 from lightning_bandlimit.lean_layers import LeanBatchNorm2d, LeanModule, LeanReLU
 from lightning_bandlimit.models.backbones import cifar_resnet18
 
@@ -400,3 +400,28 @@ def test_a_stem_hands_its_output_on_as_a_recompute_from_its_own_kept_input(
     # per-channel vectors; not the output's spectrum (about 12 times the image here)
     mask = pack_mask(torch.ones(out.shape, dtype=torch.bool)).nbytes
     assert meter.bytes <= x.nbytes + mask + 2 * 16 * 8
+
+
+def test_keeping_spectra_trades_a_recipe_for_the_spectrum_the_forward_made_anyway() -> None:
+    # After a lean BatchNorm and ReLU, a band-limited conv keeps their recipe (nothing new); in
+    # a recomputed region (keeping_spectra) it keeps its input's kept spectrum instead.
+    torch.manual_seed(0)
+    model = bandlimit(
+        nn.Sequential(
+            nn.Conv2d(4, 8, 3, padding=1, bias=False),
+            nn.BatchNorm2d(8),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1, bias=False),
+        ),
+        0.5,
+    ).train()
+    x = torch.randn(2, 4, 16, 16)
+    with SavedTensorMeter(exclude=model.parameters()) as recipe:
+        model(x)
+    with sources.keeping_spectra(), SavedTensorMeter(exclude=model.parameters()) as spectra:
+        out = model(x)
+    assert not sources.keeps_spectra()
+    conv = model[3]
+    plan = input_plan(torch.empty(2, 8, 16, 16), conv.weight, None, 1, 1, 1, 1, "zeros", 0.5, 2)
+    # the recipe read the conv's spectrum and BatchNorm's two per-channel vectors (scale, shift)
+    assert spectra.bytes - recipe.bytes == spectrum_bytes(out, plan) - 2 * 8 * 4

@@ -16,7 +16,7 @@ from lightning_bandlimit.functional.band import SpectralBand
 from lightning_bandlimit.functional.band_projection import projection_plan_for
 from lightning_bandlimit.functional.geometry import ConvGeometry, IntOrTuple
 from lightning_bandlimit.functional.lean.ops import lean_conv, lean_wanted
-from lightning_bandlimit.functional.lean.sources import Saved, lookup, publish
+from lightning_bandlimit.functional.lean.sources import Saved, keeps_spectra, lookup, publish
 from lightning_bandlimit.functional.spatial_conv import spatial_conv
 from lightning_bandlimit.functional.spectral_kernel import (
     KEEP_SMALLER,
@@ -139,7 +139,7 @@ def band_limited_conv(
             plan,
             spatial_dims,
             out_dtype,
-            KEEP_SMALLER if lean else KEEP_SPECTRUM,
+            KEEP_SMALLER if lean and not keeps_spectra() else KEEP_SPECTRUM,
             RETURN_KEPT_INPUT if from_input else publish_spectrum,
             source,
             *tensors,

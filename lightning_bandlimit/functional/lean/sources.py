@@ -30,7 +30,18 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Affine", "Relu", "Saved", "Source", "affine", "lookup", "publish", "rebuild", "reuse", "sharing"]
+__all__ = [
+    "Affine",
+    "Relu",
+    "Saved",
+    "Source",
+    "affine",
+    "keeping_spectra",
+    "keeps_spectra",
+    "lookup",
+    "publish",
+]
+__all__ += ["rebuild", "reuse", "sharing"]
 
 
 class Source:
@@ -246,3 +257,40 @@ def reuse(key: torch.Tensor, make: Callable[[], torch.Tensor]) -> torch.Tensor:
     if _SLOT.sharing:
         _SLOT.key, _SLOT.value, _SLOT.key_tensor = key_, value, key
     return value
+
+
+# ---------------------------------------------------------------- inside a recomputed region
+class _Mode(threading.local):
+    def __init__(self) -> None:
+        self.keep_spectra = False
+
+
+_MODE = _Mode()
+
+
+@contextlib.contextmanager
+def keeping_spectra() -> Iterator[None]:
+    """Within this block, band-limited convolutions keep their input's kept spectrum, not a recipe.
+
+    A recipe costs no memory but a rebuild of the full input in backward. Inside a checkpointed
+    region, what is saved lives only during the region's own backward, where a rebuilt input
+    (and the rebuild it shares) would set the peak: the spectrum, computed in the forward
+    anyway, is the smaller and faster choice there.
+
+    Example:
+        >>> with keeping_spectra():
+        ...     keeps_spectra()
+        True
+        >>> keeps_spectra()
+        False
+    """
+    previous, _MODE.keep_spectra = _MODE.keep_spectra, True
+    try:
+        yield
+    finally:
+        _MODE.keep_spectra = previous
+
+
+def keeps_spectra() -> bool:
+    """Whether :func:`keeping_spectra` is in force."""
+    return _MODE.keep_spectra
