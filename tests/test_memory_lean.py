@@ -425,3 +425,15 @@ def test_keeping_spectra_trades_a_recipe_for_the_spectrum_the_forward_made_anywa
     plan = input_plan(torch.empty(2, 8, 16, 16), conv.weight, None, 1, 1, 1, 1, "zeros", 0.5, 2)
     # the recipe read the conv's spectrum and BatchNorm's two per-channel vectors (scale, shift)
     assert spectra.bytes - recipe.bytes == spectrum_bytes(out, plan) - 2 * 8 * 4
+
+
+def test_a_strided_stem_keeps_its_output_as_before() -> None:
+    # Its output spectrum lives on the input's grid: making it again would cost its forward.
+    base = nn.Sequential(nn.Conv2d(2, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+    lean = bandlimit(base, 0.9).train()
+    lean[0].algorithm = "spectral"
+    x = torch.randn(4, 2, 12, 12)
+    with SavedTensorMeter(exclude=lean.parameters()) as meter:
+        out = lean(x)
+    mask = pack_mask(torch.ones(out.shape, dtype=torch.bool)).nbytes
+    assert meter.bytes > x.nbytes + mask + 2 * 16 * 4  # BatchNorm keeps the output's spectrum

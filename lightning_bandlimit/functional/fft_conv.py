@@ -36,7 +36,7 @@ from lightning_bandlimit.utils.validation import check_compression
 __all__ = ["band_limited_conv", "fft_conv1d", "fft_conv2d"]
 
 # A memory-lean layer whose kept input is at most this fraction of its output hands the output on
-# as "recompute me from my input" (its stem): the recompute costs a narrow convolution.
+# as "recompute me from my input" (a stem): the recompute costs a narrow convolution.
 _FROM_INPUT_RATIO = 4
 
 
@@ -87,19 +87,6 @@ def band_limited_conv(
     out_numel = batched.shape[0] * weight.shape[0] * geometry.out_size[0] * geometry.out_size[1]
     spectrum_numel = 2 * plan.band.kept * batched.shape[0] * weight.shape[0]
     publish_spectrum = lean and spectrum_numel * itemsize(compute_dtype) < out_numel * itemsize(out_dtype)
-    input_spectrum_bytes = spectrum_bytes(batched, plan)
-    from_input = (
-        lean
-        and source is None
-        and weight.requires_grad
-        and algorithm in ("auto", "spectral")
-        and _FROM_INPUT_RATIO * min(batched.nbytes, input_spectrum_bytes)
-        <= min(spectrum_numel * itemsize(compute_dtype), out_numel * itemsize(out_dtype))
-    )
-    if from_input:
-        # The output is recomputed from what the convolution keeps of its (narrow) input anyway:
-        # the next BatchNorm keeps nothing new (a stem reading an RGB image).
-        algorithm, publish_spectrum = "spectral", False
     if algorithm == "auto" and publish_spectrum:
         # Only the spectral algorithm can hand its output to the next BatchNorm as a spectrum
         # smaller than the output: memory-lean training keeps it there.
@@ -115,6 +102,23 @@ def band_limited_conv(
             grad and batched.requires_grad,
             grad and weight.requires_grad,
         )
+    input_spectrum_bytes = spectrum_bytes(batched, plan)
+    from_input = (
+        lean
+        and algorithm == "spectral"
+        and all(step == 1 for step in geometry.stride)
+        and source is None
+        and weight.requires_grad
+        and _FROM_INPUT_RATIO * min(batched.nbytes, input_spectrum_bytes)
+        <= min(spectrum_numel * itemsize(compute_dtype), out_numel * itemsize(out_dtype))
+    )
+    if from_input:
+        # The output is recomputed from what the convolution keeps of its (narrow) input anyway:
+        # the next BatchNorm keeps nothing new (a stem reading an RGB image). Only where the
+        # spectral algorithm runs anyway, and unstrided: a strided layer's output spectrum lives
+        # on its input's larger grid, and making it again costs as much as its forward did
+        # (torchvision's 224 px stem: 10 % of a training step).
+        publish_spectrum = False
     if algorithm == "spatial":
         projection = projection_plan_for(geometry, plan.band, compute_dtype, batched.device)
         out = spatial_conv(
