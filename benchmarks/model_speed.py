@@ -16,6 +16,11 @@ per-layer algorithm choice), through two paths:
   two fresh ``fit`` s (settings in order, then in reverse order), ``--warmup`` untimed steps
   each; the ratio is of the medians of all timed steps.
 
+``--checkpoint`` (bare path only): every residual block of every setting, plain included, is
+checkpointed (``checkpoint`` on each of ``checkpoint_units``): the ratios are then to the
+checkpointed plain model, what a user would otherwise run under memory pressure; the targets
+are issue 24's (at most 1.1 at c = 0.5, below 1.0 at c = 0.75; JSON ``-checkpointed``).
+
 CPU: ``torch.set_num_threads(--threads)``. CUDA: synchronised around each timing, cuDNN benchmark
 mode on, ``--tf32 off|on|both``.
 
@@ -51,6 +56,8 @@ TARGETS = {
     "cifar_resnet18": {0.0: 1.03, 0.5: 0.80, 0.75: 0.55},
     "resnet18": {0.0: 1.03, 0.5: 1.00, 0.75: 0.75},
 }
+#: issue 24, every block checkpointed, ratio to the checkpointed plain model (0.75: strictly below)
+CHECKPOINTED_TARGETS = {0.5: 1.10, 0.75: 0.999}
 MODELS = {
     "cifar_resnet18": dict(backbone="cifar_resnet18", width=64, batch=32, size=32),
     "resnet18": dict(backbone="resnet18", width=None, batch=8, size=224),  # torchvision
@@ -94,6 +101,7 @@ def _bare(
     cfg: dict[str, Any], settings: list[float | None], args: argparse.Namespace
 ) -> dict[Any, dict[str, Any]]:
     from lightning_bandlimit import bandlimit
+    from lightning_bandlimit.checkpointing import checkpoint, checkpoint_units
     from lightning_bandlimit.models.backbones import build_backbone
 
     device, clock = torch.device(args.device), _Clock(torch.device(args.device))
@@ -105,6 +113,9 @@ def _bare(
         model = build_backbone(cfg["backbone"], 10, cfg["width"]).to(device)
         if c is not None:
             bandlimit(model, c)
+        if args.checkpoint:
+            for _, unit in checkpoint_units(model):
+                checkpoint(unit)
         model.train()
         runs[c] = (model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
 
@@ -214,9 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (default 9; 3 with --quick)")
     parser.add_argument("--tf32", default="off", choices=["off", "on", "both"], help="CUDA only")
     parser.add_argument("--quick", action="store_true", help="small models and batches (a smoke run)")
+    parser.add_argument(
+        "--checkpoint", action="store_true", help="every block checkpointed in every setting (bare path)"
+    )
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
     args.repeats = args.repeats or (3 if args.quick else 9)
+    if args.checkpoint and "trainer" in args.paths:
+        parser.error("--checkpoint times the bare path only: add --paths bare")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is available")
     torch.set_num_threads(args.threads)
@@ -226,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     tf32_modes = ["off", "on"] if args.tf32 == "both" else [args.tf32]
     if args.device == "cpu":
         tf32_modes = ["off"]
-    output = args.output or RESULTS / f"model_speed-{args.device}{'-quick' if args.quick else ''}.json"
+    suffix = ("-quick" if args.quick else "") + ("-checkpointed" if args.checkpoint else "")
+    output = args.output or RESULTS / f"model_speed-{args.device}{suffix}.json"
     settings: list[float | None] = [None, *args.compressions]
 
     records: list[dict[str, Any]] = []
@@ -244,10 +261,12 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(
                     f"\n{name} (width {cfg['width'] or 'torchvision'}, batch {cfg['batch']}, "
                     f"{cfg['size']}x{cfg['size']}), path: {path}, device: {args.device}{tag}"
+                    + (", every block checkpointed (ratios to checkpointed plain)" if args.checkpoint else "")
                 )
                 lines.append(f"{'setting':<8} {'median ms':>10} {'ratio':>6} {'IQR':>13} {'target':>13}")
                 for c, row in results.items():
-                    target = None if c is None or args.quick else TARGETS[name].get(c)
+                    targets = CHECKPOINTED_TARGETS if args.checkpoint else TARGETS[name]
+                    target = None if c is None or args.quick else targets.get(c)
                     ok = target is None or row["ratio"] <= target
                     all_pass &= ok
                     verdict = "" if target is None else f"<={target:.2f} {'PASS' if ok else 'MISS'}"
@@ -260,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                         dict(
                             model=name,
                             path=path,
+                            checkpointed=args.checkpoint,
                             compression=c,
                             tf32=tf32 if args.device == "cuda" else None,
                             target=target,
