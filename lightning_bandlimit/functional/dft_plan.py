@@ -210,67 +210,56 @@ def _batch_pieces(n: int, per_sample_bytes: int) -> list[tuple[int, int]]:
     return [(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def analysis(x: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
-    """``(N, C, H, W)`` real -> ``(2, F, N, C)`` kept spectrum."""
-    n, c, h, w = x.shape
-    k = plan.band.cols
-    pieces = _batch_pieces(n, h * 2 * k * c * x.element_size())
-    out = x.new_empty(2 * plan.band.rows, k, n, c) if len(pieces) > 1 else None
+def _maps_to_spectrum(maps: torch.Tensor, right: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
+    """``(N, C, A, B)`` -> ``(2, F, N, C)``: ``right`` ``(2K, B)`` along the last axis (batched
+    over ``A``), then ``left`` ``(2R, 2A)`` along the other."""
+    n, c, a, b = maps.shape
+    k = right.shape[0] // 2
+    pieces = _batch_pieces(n, a * 2 * k * c * maps.element_size())
+    out = maps.new_empty(left.shape[0], k, n, c) if len(pieces) > 1 else None
     for n0, n1 in pieces:
         m = n1 - n0
-        rows = x[n0:n1].reshape(m * c, h, w).permute(1, 2, 0)  # (H, W, mC): a transposed GEMM operand
-        t = torch.bmm(plan.analysis_w.expand(h, 2 * k, w), rows)  # (H, 2K, mC) = (h, j, k, m, c)
+        rows = maps[n0:n1].reshape(m * c, a, b).permute(1, 2, 0)  # (A, B, mC): a transposed GEMM operand
+        t = torch.bmm(right.expand(a, 2 * k, b), rows)  # (A, 2K, mC) = (a, j, k, m, c)
+        spec = left @ t.view(2 * a, k * m * c)
         if out is None:
-            return (plan.analysis_h @ t.view(2 * h, k * m * c)).view(2, -1, n, c)
-        out[:, :, n0:n1] = (plan.analysis_h @ t.view(2 * h, k * m * c)).view(-1, k, m, c)
+            return spec.view(2, -1, n, c)
+        out[:, :, n0:n1] = spec.view(-1, k, m, c)
     return out.view(2, -1, n, c)
+
+
+def _spectrum_to_maps(spec: torch.Tensor, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """``(2, F, N, C)`` -> ``(N, C, A, B)``: ``left`` ``(2A, 2R)`` along the two-sided axis, then
+    ``right`` ``(2K, B)`` along the last one."""
+    _, _, n, c = spec.shape
+    k, b, a = right.shape[0] // 2, right.shape[1], left.shape[0] // 2
+    out = spec.new_empty(n, c, a, b)
+    pieces = _batch_pieces(n, a * 2 * k * c * spec.element_size())
+    blocks = spec.view(left.shape[1], k, n, c)
+    for n0, n1 in pieces:
+        m = n1 - n0
+        part = blocks if len(pieces) == 1 else blocks[:, :, n0:n1].contiguous()
+        t = (left @ part.view(left.shape[1], -1)).view(a, 2 * k, m * c)
+        rows = out[n0:n1].view(m * c, a, b).permute(1, 0, 2)  # (A, mC, B) view of the result
+        torch.bmm(t.transpose(1, 2), right.expand(a, 2 * k, b), out=rows)
+    return out
+
+
+def analysis(x: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
+    """``(N, C, H, W)`` real -> ``(2, F, N, C)`` kept spectrum."""
+    return _maps_to_spectrum(x, plan.analysis_w, plan.analysis_h)
 
 
 def analysis_adjoint(spec: torch.Tensor, plan: DFTPlan, in_h: int) -> torch.Tensor:
     """Transpose of :func:`analysis`: ``(2, F, N, C)`` -> ``(N, C, H, W)``."""
-    _, _, n, c = spec.shape
-    k = plan.band.cols
-    w = plan.analysis_w.shape[1]
-    out = spec.new_empty(n, c, in_h, w)
-    pieces = _batch_pieces(n, in_h * 2 * k * c * spec.element_size())
-    blocks = spec.view(2 * plan.band.rows, k, n, c)
-    for n0, n1 in pieces:
-        m = n1 - n0
-        part = blocks if len(pieces) == 1 else blocks[:, :, n0:n1].contiguous()
-        t = (plan.analysis_h_t @ part.view(2 * plan.band.rows, -1)).view(in_h, 2 * k, m * c)
-        rows = out[n0:n1].view(m * c, in_h, w).permute(1, 0, 2)  # (H, mC, W) view of the result
-        torch.bmm(t.transpose(1, 2), plan.analysis_w.expand(in_h, 2 * k, w), out=rows)
-    return out
+    return _spectrum_to_maps(spec, plan.analysis_h_t, plan.analysis_w)
 
 
 def synthesis(spec: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
     """``(2, F, N, O)`` -> ``(N, O, P, Q)`` real output at the strided output positions."""
-    _, _, n, o = spec.shape
-    k = plan.band.cols
-    p, q = plan.geometry.out_size
-    out = spec.new_empty(n, o, p, q)
-    pieces = _batch_pieces(n, p * 2 * k * o * spec.element_size())
-    blocks = spec.view(2 * plan.band.rows, k, n, o)
-    for n0, n1 in pieces:
-        m = n1 - n0
-        part = blocks if len(pieces) == 1 else blocks[:, :, n0:n1].contiguous()
-        z = (plan.synthesis_h @ part.view(2 * plan.band.rows, -1)).view(p, 2 * k, m * o)
-        rows = out[n0:n1].view(m * o, p, q).permute(1, 0, 2)  # (P, mO, Q) view of the result
-        torch.bmm(z.transpose(1, 2), plan.synthesis_w.expand(p, 2 * k, q), out=rows)
-    return out
+    return _spectrum_to_maps(spec, plan.synthesis_h, plan.synthesis_w)
 
 
 def synthesis_adjoint(grad: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
     """Transpose of :func:`synthesis`: ``(N, O, P, Q)`` -> ``(2, F, N, O)``."""
-    n, o, p, q = grad.shape
-    k = plan.band.cols
-    pieces = _batch_pieces(n, p * 2 * k * o * grad.element_size())
-    out = grad.new_empty(2 * plan.band.rows, k, n, o) if len(pieces) > 1 else None
-    for n0, n1 in pieces:
-        m = n1 - n0
-        rows = grad[n0:n1].reshape(m * o, p, q).permute(1, 2, 0)  # (P, Q, mO)
-        z = torch.bmm(plan.synthesis_w.expand(p, 2 * k, q), rows)  # (P, 2K, mO) = (p, j, k, m, o)
-        if out is None:
-            return (plan.synthesis_h_t @ z.view(2 * p, k * m * o)).view(2, -1, n, o)
-        out[:, :, n0:n1] = (plan.synthesis_h_t @ z.view(2 * p, k * m * o)).view(-1, k, m, o)
-    return out.view(2, -1, n, o)
+    return _maps_to_spectrum(grad, plan.synthesis_w, plan.synthesis_h_t)
