@@ -195,8 +195,8 @@ class FromInput(Source):
 
     For a layer that widens a narrow input, a network's stem reading an RGB image, this costs
     no memory at all beside what the convolution keeps, where the output's spectrum would cost
-    more than the output. The recomputation runs the forward's operations on the same batch
-    slices (equal to round-off).
+    more than the output. The recomputation runs the forward's operations, a batch slice at a
+    time (equal to the forward's output to round-off).
     """
 
     plan: DFTPlan
