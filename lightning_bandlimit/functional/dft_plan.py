@@ -26,6 +26,7 @@ __all__ = [
     "DFTPlan",
     "analysis",
     "analysis_adjoint",
+    "batch_slices",
     "dft_plan",
     "dft_plan_for",
     "source_positions",
@@ -205,9 +206,15 @@ def dft_plan_for(
 _TRANSIENT_BYTES = 1 << 21
 
 
-def _batch_pieces(n: int, per_sample_bytes: int) -> list[tuple[int, int]]:
-    step = max(1, min(n, _TRANSIENT_BYTES // max(1, per_sample_bytes)))
-    return [(i, min(i + step, n)) for i in range(0, n, step)]
+def batch_slices(n: int, per_sample_bytes: int, budget_bytes: int) -> list[slice]:
+    """Slices of a batch of ``n`` whose per-sample temporaries stay within ``budget_bytes``.
+
+    Example:
+        >>> batch_slices(10, 4, 12)
+        [slice(0, 3, None), slice(3, 6, None), slice(6, 9, None), slice(9, 10, None)]
+    """
+    step = max(1, min(n, budget_bytes // max(1, per_sample_bytes)))
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
 def _maps_to_spectrum(maps: torch.Tensor, right: torch.Tensor, left: torch.Tensor) -> torch.Tensor:
@@ -215,16 +222,16 @@ def _maps_to_spectrum(maps: torch.Tensor, right: torch.Tensor, left: torch.Tenso
     over ``A``), then ``left`` ``(2R, 2A)`` along the other."""
     n, c, a, b = maps.shape
     k = right.shape[0] // 2
-    pieces = _batch_pieces(n, a * 2 * k * c * maps.element_size())
+    pieces = batch_slices(n, a * 2 * k * c * maps.element_size(), _TRANSIENT_BYTES)
     out = maps.new_empty(left.shape[0], k, n, c) if len(pieces) > 1 else None
-    for n0, n1 in pieces:
-        m = n1 - n0
-        rows = maps[n0:n1].reshape(m * c, a, b).permute(1, 2, 0)  # (A, B, mC): a transposed GEMM operand
+    for part in pieces:
+        m = part.stop - part.start
+        rows = maps[part].reshape(m * c, a, b).permute(1, 2, 0)  # (A, B, mC): a transposed GEMM operand
         t = torch.bmm(right.expand(a, 2 * k, b), rows)  # (A, 2K, mC) = (a, j, k, m, c)
         spec = left @ t.view(2 * a, k * m * c)
         if out is None:
             return spec.view(2, -1, n, c)
-        out[:, :, n0:n1] = spec.view(-1, k, m, c)
+        out[:, :, part] = spec.view(-1, k, m, c)
     return out.view(2, -1, n, c)
 
 
@@ -234,13 +241,13 @@ def _spectrum_to_maps(spec: torch.Tensor, left: torch.Tensor, right: torch.Tenso
     _, _, n, c = spec.shape
     k, b, a = right.shape[0] // 2, right.shape[1], left.shape[0] // 2
     out = spec.new_empty(n, c, a, b)
-    pieces = _batch_pieces(n, a * 2 * k * c * spec.element_size())
+    pieces = batch_slices(n, a * 2 * k * c * spec.element_size(), _TRANSIENT_BYTES)
     blocks = spec.view(left.shape[1], k, n, c)
-    for n0, n1 in pieces:
-        m = n1 - n0
-        part = blocks if len(pieces) == 1 else blocks[:, :, n0:n1].contiguous()
-        t = (left @ part.view(left.shape[1], -1)).view(a, 2 * k, m * c)
-        rows = out[n0:n1].view(m * c, a, b).permute(1, 0, 2)  # (A, mC, B) view of the result
+    for part in pieces:
+        m = part.stop - part.start
+        piece = blocks if len(pieces) == 1 else blocks[:, :, part].contiguous()
+        t = (left @ piece.view(left.shape[1], -1)).view(a, 2 * k, m * c)
+        rows = out[part].view(m * c, a, b).permute(1, 0, 2)  # (A, mC, B) view of the result
         torch.bmm(t.transpose(1, 2), right.expand(a, 2 * k, b), out=rows)
     return out
 
@@ -250,7 +257,7 @@ def analysis(x: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
     return _maps_to_spectrum(x, plan.analysis_w, plan.analysis_h)
 
 
-def analysis_adjoint(spec: torch.Tensor, plan: DFTPlan, in_h: int) -> torch.Tensor:
+def analysis_adjoint(spec: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
     """Transpose of :func:`analysis`: ``(2, F, N, C)`` -> ``(N, C, H, W)``."""
     return _spectrum_to_maps(spec, plan.analysis_h_t, plan.analysis_w)
 

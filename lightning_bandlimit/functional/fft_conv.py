@@ -102,14 +102,13 @@ def band_limited_conv(
             grad and batched.requires_grad,
             grad and weight.requires_grad,
         )
-    input_spectrum_bytes = spectrum_bytes(batched, plan)
     from_input = (
         lean
         and algorithm == "spectral"
         and all(step == 1 for step in geometry.stride)
         and source is None
         and weight.requires_grad
-        and _FROM_INPUT_RATIO * min(batched.nbytes, input_spectrum_bytes)
+        and _FROM_INPUT_RATIO * min(batched.nbytes, spectrum_bytes(batched, plan))
         <= min(spectrum_numel * itemsize(compute_dtype), out_numel * itemsize(out_dtype))
     )
     if from_input:
@@ -149,7 +148,7 @@ def band_limited_conv(
             *tensors,
         )
     if from_input:
-        is_spectrum = batched.nbytes > input_spectrum_bytes  # as the kernel chose (KEEP_SMALLER)
+        is_spectrum = y_spec.numel() > 0  # the kernel returns its kept spectrum, or nothing: the input
         recipe = FromInput(plan, bias is not None, spatial_dims, out_dtype, is_spectrum)
         kept = y_spec if is_spectrum else batched
         publish(out, recipe, (kept, weight) if bias is None else (kept, weight, bias))

@@ -32,6 +32,7 @@ from lightning_bandlimit.functional.dft_plan import (
     DFTPlan,
     analysis,
     analysis_adjoint,
+    batch_slices,
     dft_plan_for,
     synthesis,
     synthesis_adjoint,
@@ -242,9 +243,9 @@ def _batch_slices(plan: DFTPlan, n: int, channels: int, activation_bytes: int, i
     the batch at a time bounds the transient memory without changing the result. Every slice
     recomputes the filter spectrum, hence the factor of two before slicing starts.
     """
-    per_sample = 2 * plan.band.kept * channels * itemsize
-    step = max(1, min(n, _SPECTRUM_TO_ACTIVATION * activation_bytes // max(1, per_sample)))
-    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+    return batch_slices(
+        n, 2 * plan.band.kept * channels * itemsize, _SPECTRUM_TO_ACTIVATION * activation_bytes
+    )
 
 
 def _output_spectrum(
@@ -292,51 +293,6 @@ def _input_grad_spectrum(
         w_spec = _filter_chunk(plan, taps, f0, f1, buffer)
         _mix_grad_input(gx_spec[:, f0:f1], g_spec[:, f0:f1], w_spec, groups)
     return gx_spec
-
-
-class _Operands:
-    """What one backward holds, released as soon as it is used (the backward's peak memory).
-
-    The filter gradient is taken first, so that the input (and its spectrum) are gone before
-    the input gradient is allocated.
-    """
-
-    def __init__(self, x_spec: torch.Tensor | None) -> None:
-        self.x_spec = x_spec
-
-
-def _spectrum_backward(
-    grad: torch.Tensor,
-    held: _Operands,
-    w: torch.Tensor,
-    taps: torch.Tensor,
-    grad_taps: torch.Tensor | None,
-    plan: DFTPlan,
-    need_x: bool,
-) -> torch.Tensor | None:
-    """Gradient of the kept input spectrum (if ``need_x``); adds the filter gradient to ``grad_taps``.
-
-    Drops ``held.x_spec`` once the filter gradient no longer needs it.
-    """
-    g_spec = synthesis_adjoint(grad, plan)
-    if grad_taps is not None and held.x_spec is not None:
-        _filter_grad(g_spec, held.x_spec, w, grad_taps, plan)
-    held.x_spec = None
-    return _input_grad_spectrum(g_spec, w, taps, plan) if need_x else None
-
-
-def _spectra_backward(
-    grad: torch.Tensor,
-    held: _Operands,
-    w: torch.Tensor,
-    taps: torch.Tensor,
-    grad_taps: torch.Tensor | None,
-    plan: DFTPlan,
-    need_x: bool,
-) -> torch.Tensor | None:
-    """Input gradient of one batch slice (if ``need_x``); adds the filter gradient to ``grad_taps``."""
-    gx_spec = _spectrum_backward(grad, held, w, taps, grad_taps, plan, need_x)
-    return None if gx_spec is None else analysis_adjoint(gx_spec, plan, plan.geometry.in_size[0])
 
 
 class FFTConvFunction(torch.autograd.Function):
@@ -416,16 +372,20 @@ class FFTConvFunction(torch.autograd.Function):
         grad_taps = torch.zeros_like(taps) if need_w else None
         grad_x = None
         for part in ctx.slices:
-            grad = as_2d(grad_out[part].to(compute), spatial_dims)
-            held = _Operands(None)
-            if need_w:
-                held.x_spec = (
-                    kept[0][:, :, part] if x_full is None else analysis(x_full[part].to(compute), plan)
-                )
+            # The filter gradient first: the input and its spectrum are gone before the input
+            # gradient exists (the backward's peak).
+            g_spec = synthesis_adjoint(as_2d(grad_out[part].to(compute), spatial_dims), plan)
+            if grad_taps is not None:
+                x_spec = kept[0][:, :, part] if x_full is None else analysis(x_full[part].to(compute), plan)
+                _filter_grad(g_spec, x_spec, w, grad_taps, plan)
+                del x_spec
             if len(ctx.slices) == 1:
-                x_full = None  # needed only for its spectrum: freed before the input gradient exists
-            gx = _spectra_backward(grad, held, w, taps, grad_taps, plan, need_x)
-            if gx is not None:
+                x_full = None
+            if need_x:
+                gx_spec = _input_grad_spectrum(g_spec, w, taps, plan)
+                del g_spec
+                gx = analysis_adjoint(gx_spec, plan)
+                del gx_spec
                 gx = (gx.squeeze(-2) if spatial_dims == 1 else gx).to(ctx.input_dtype)
                 if len(ctx.slices) == 1:
                     grad_x = gx
@@ -500,7 +460,7 @@ class _Analyse(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         plan: DFTPlan = ctx.plan
-        gx = analysis_adjoint(grad.contiguous(), plan, plan.geometry.in_size[0])
+        gx = analysis_adjoint(grad.contiguous(), plan)
         return (gx.squeeze(-2) if ctx.spatial_dims == 1 else gx).to(ctx.dtype), None, None
 
 
@@ -533,10 +493,10 @@ class _SpectralConv(torch.autograd.Function):
         w = as_2d(weight.to(compute), ctx.spatial_dims).contiguous()
         taps = _taps(w)
         grad_taps = torch.zeros_like(taps) if need_w else None
-        grad = as_2d(grad_out.to(compute), ctx.spatial_dims)
-        gx_spec = _spectrum_backward(
-            grad, _Operands(x_spec if need_w else None), w, taps, grad_taps, plan, need_x
-        )
+        g_spec = synthesis_adjoint(as_2d(grad_out.to(compute), ctx.spatial_dims), plan)
+        if grad_taps is not None:
+            _filter_grad(g_spec, x_spec, w, grad_taps, plan)
+        gx_spec = _input_grad_spectrum(g_spec, w, taps, plan) if need_x else None
         grad_b = None
         if need_b and ctx.has_bias:
             grad_b = grad_out.sum((0, *range(2, grad_out.dim())), dtype=compute).to(weight.dtype)

@@ -21,10 +21,11 @@ def _plan(x: torch.Tensor, w: torch.Tensor, stride: int, compression: float) -> 
 
 
 def test_pieces_cover_the_batch_in_order() -> None:
-    assert dft._batch_pieces(10, 1 << 30) == [(i, i + 1) for i in range(10)]
-    assert dft._batch_pieces(10, 1) == [(0, 10)]
-    pieces = dft._batch_pieces(10, dft._TRANSIENT_BYTES // 3)
-    assert pieces == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    budget = dft._TRANSIENT_BYTES
+    assert dft.batch_slices(10, 1 << 30, budget) == [slice(i, i + 1) for i in range(10)]
+    assert dft.batch_slices(10, 1, budget) == [slice(0, 10)]
+    pieces = dft.batch_slices(10, budget // 3, budget)
+    assert pieces == [slice(0, 3), slice(3, 6), slice(6, 9), slice(9, 10)]
 
 
 @pytest.mark.parametrize("stride, compression", [(1, 0.0), (1, 0.5), (2, 0.75)])
@@ -38,15 +39,15 @@ def test_sliced_transforms_equal_the_whole_batch(monkeypatch, stride: int, compr
     y_spec = torch.randn(2, plan.band.kept, 5, 4, dtype=torch.float64)
     whole = (
         spec,
-        dft.analysis_adjoint(spec, plan, 12),
+        dft.analysis_adjoint(spec, plan),
         dft.synthesis(y_spec, plan),
         dft.synthesis_adjoint(grad_out, plan),
     )
     monkeypatch.setattr(dft, "_TRANSIENT_BYTES", 1)
-    assert len(dft._batch_pieces(5, 8)) == 5
+    assert len(dft.batch_slices(5, 8, dft._TRANSIENT_BYTES)) == 5
     sliced = (
         dft.analysis(x, plan),
-        dft.analysis_adjoint(spec, plan, 12),
+        dft.analysis_adjoint(spec, plan),
         dft.synthesis(y_spec, plan),
         dft.synthesis_adjoint(grad_out, plan),
     )
