@@ -44,6 +44,7 @@ import torch.utils.checkpoint
 from torch import fx, nn
 
 from lightning_bandlimit.functional.band import SpectralBand
+from lightning_bandlimit.functional.dft_plan import band_frequencies
 from lightning_bandlimit.functional.lean.ops import conv_dtype, conv_function, stride_grid
 from lightning_bandlimit.functional.lean.sources import keeping_spectra
 from lightning_bandlimit.functional.spectral_kernel import (
@@ -271,33 +272,30 @@ def _readers(module: nn.Module, plan: BlockPlan, x: torch.Tensor) -> list[_Reade
 # are real. A held spectrum keeps only column 0's real degrees of freedom (a few per cent of the
 # spectrum) and gets the rest back, exactly, before the recompute reads it.
 @functools.lru_cache(maxsize=256)
-def _mirrors(band: SpectralBand) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:
-    """``(j0, j1, mirror, real)``: column-0 rows ``j0..j1-1`` mirror rows ``mirror``; ``real`` are real."""
-    height = band.grid[0]
-    if band.rows < height:  # rows are frequencies 0..n, then -n..-1
-        n = band.half_rows
-        return n + 1, 2 * n + 1, tuple(range(n, 0, -1)), (0,)
-    half = height // 2 + 1
-    real = (0, height // 2) if height % 2 == 0 else (0,)
-    return half, height, tuple(height - j for j in range(half, height)), real
-
-
-@functools.lru_cache(maxsize=256)
-def _compaction(band: SpectralBand, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of the stacked ``(2F, ...)`` spectrum that a compact one keeps, and for every row its
-    place in the compact one (a mirrored row: its mirror's place; a zero: any place)."""
-    j0, j1, mirror, real = _mirrors(band)
-    k, f = band.cols, band.kept
+def _compaction(band: SpectralBand, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For the stacked ``(2F, ...)`` spectrum: the rows a compact one keeps; for every row its
+    place in the compact one (a mirrored row: its mirror's); and the sign that restores it
+    (-1: a mirror's imaginary part, 0: the imaginary part of a real entry)."""
+    rows, _ = band_frequencies(band)  # the one statement of the row order
+    height, k, f = band.grid[0], band.cols, band.kept
+    frequency = rows.remainder(height).tolist()
+    row_of = {r: j for j, r in enumerate(frequency)}
+    mirror = [row_of[(-r) % height] for r in frequency]
     dropped = torch.zeros(2 * f, dtype=torch.bool)
-    dropped[j0 * k : j1 * k : k] = True  # real parts of mirrored entries
-    dropped[f + j0 * k : f + j1 * k : k] = True  # imaginary parts
-    dropped[[f + j * k for j in real]] = True  # imaginary parts of real entries (zero)
+    sign = torch.ones(2 * f)
+    place = torch.arange(2 * f)
+    for j, m in enumerate(mirror):
+        if m < j:  # column 0 at row j is the conjugate of column 0 at row m
+            dropped[[j * k, f + j * k]] = True
+            place[[j * k, f + j * k]] = place[[m * k, f + m * k]]
+            sign[f + j * k] = -1.0
+        elif m == j:  # real
+            dropped[f + j * k] = True
+            sign[f + j * k] = 0.0
+    compact_place = torch.cumsum(~dropped, 0) - 1
+    place = compact_place[place].clamp(min=0)
     keep = torch.nonzero(~dropped).squeeze(1)
-    place = (torch.cumsum(~dropped, 0) - 1).clamp(min=0)
-    rows = torch.tensor(mirror, dtype=torch.long) * k
-    place[j0 * k : j1 * k : k] = place[rows]
-    place[f + j0 * k : f + j1 * k : k] = place[f + rows]
-    return keep.to(device), place.to(device)
+    return keep.to(device), place.to(device), sign.to(device)
 
 
 class _Compact(torch.autograd.Function):
@@ -317,20 +315,15 @@ class _Compact(torch.autograd.Function):
 def compact_spectrum(spec: torch.Tensor, band: SpectralBand) -> torch.Tensor:
     """A kept spectrum ``(2, F, N, C)`` of a real map as ``(M, N, C)``: column 0's real degrees of
     freedom only (see :func:`expand_spectrum`)."""
-    keep, _ = _compaction(band, spec.device)
+    keep, _, _ = _compaction(band, spec.device)
     return _Compact.apply(spec, keep)
 
 
 def expand_spectrum(compact: torch.Tensor, band: SpectralBand) -> torch.Tensor:
     """The ``(2, F, N, C)`` spectrum :func:`compact_spectrum` was made from (a Hermitian one)."""
-    _, place = _compaction(band, compact.device)
-    j0, j1, _, real = _mirrors(band)
-    k, f = band.cols, band.kept
-    full = compact.index_select(0, place)
-    full[f + j0 * k : f + j1 * k : k].neg_()
-    for j in real:
-        full[f + j * k].zero_()
-    return full.view(2, f, *compact.shape[1:])
+    _, place, sign = _compaction(band, compact.device)
+    full = compact.index_select(0, place).mul_(sign.to(compact.dtype).view(-1, *[1] * (compact.dim() - 1)))
+    return full.view(2, band.kept, *compact.shape[1:])
 
 
 class _Hold(torch.autograd.Function):

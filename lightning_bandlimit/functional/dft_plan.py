@@ -26,6 +26,7 @@ __all__ = [
     "DFTPlan",
     "analysis",
     "analysis_adjoint",
+    "band_frequencies",
     "batch_slices",
     "dft_plan",
     "dft_plan_for",
@@ -101,7 +102,8 @@ def _complex_block(matrix: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.cat([matrix.real, -matrix.imag], 1), torch.cat([matrix.imag, matrix.real], 1)], 0)
 
 
-def _band_frequencies(band: SpectralBand) -> tuple[torch.Tensor, torch.Tensor]:
+def band_frequencies(band: SpectralBand) -> tuple[torch.Tensor, torch.Tensor]:
+    """The band's row frequencies (two-sided, in spectrum order) and column frequencies."""
     height = band.grid[0]
     if band.rows < height:
         n = band.half_rows
@@ -114,7 +116,7 @@ def _band_frequencies(band: SpectralBand) -> tuple[torch.Tensor, torch.Tensor]:
 @functools.lru_cache(maxsize=512)
 def _cpu_plan(geometry: ConvGeometry, band: SpectralBand) -> DFTPlan:
     grid_h, grid_w = geometry.grid
-    rows, cols = _band_frequencies(band)
+    rows, cols = band_frequencies(band)
     (pad_h, pad_w), mode = geometry.pads, geometry.padding_mode
     in_h, in_w = geometry.in_size
     out_h, out_w = geometry.out_size
