@@ -153,6 +153,10 @@ class RecentBatches:
     def append(self, batch: Any) -> None:
         self._batches.append(apply_to_collection(batch, torch.Tensor, lambda t: t.detach().to("cpu")))
 
+    def clear(self) -> None:
+        """Forget every batch."""
+        self._batches.clear()
+
     def on(self, device: torch.device) -> Iterator[Any]:
         """The batches, oldest first, moved to ``device`` one at a time."""
         for batch in list(self._batches):

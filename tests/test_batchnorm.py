@@ -190,3 +190,33 @@ def test_a_module_without_forward_gets_one_warning_and_trains(tmp_path: Path) ->
         trainer.fit(NoForward(), SyntheticImageDataModule(train_size=16, val_size=8, batch_size=8))
     band.compression = 0.25  # nothing to re-estimate with: no error
     assert band.bn_recalibrations == 0
+
+
+def _fit_small(tmp_path: Path, callbacks: list[pl.Callback], epochs: int = 1) -> ImageClassifier:
+    pl.seed_everything(0, verbose=False)
+    model = ImageClassifier("small_cnn", width=4)
+    trainer = cpu_trainer(
+        default_root_dir=tmp_path, max_epochs=epochs, num_sanity_val_steps=0, callbacks=callbacks
+    )
+    trainer.fit(model, SyntheticImageDataModule(train_size=64, val_size=16, batch_size=8))
+    return model
+
+
+def test_at_compression_0_the_running_statistics_stay_the_plain_models(tmp_path: Path) -> None:
+    """Compression 0 throughout: the model is the plain one, so nothing is re-estimated (a
+    re-estimate would replace the running averages the plain job keeps)."""
+    plain = _fit_small(tmp_path / "plain", [])
+    band = BandLimit(0.0, recalibrate_bn=4)
+    ours = _fit_small(tmp_path / "ours", [band])
+    assert band.bn_recalibrations == 0
+    for a, b in zip(batchnorm_modules(plain), batchnorm_modules(ours), strict=True):
+        torch.testing.assert_close(a.running_mean, b.running_mean, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a.running_var, b.running_var, rtol=1e-4, atol=1e-5)
+
+
+def test_a_compressed_stretch_is_reestimated_once_then_compression_0_needs_nothing(tmp_path: Path) -> None:
+    band = BandLimit(0.0, recalibrate_bn=2)
+    up, down = _SwitchAfter(band, 0.5, 2), _SwitchAfter(band, 0.0, 4)
+    _fit_small(tmp_path, [band, up, down], epochs=2)  # 8 steps per epoch, validation after each
+    assert band.compression == 0.0
+    assert band.bn_recalibrations == 1  # before the first validation; the second epoch ran at 0

@@ -62,7 +62,9 @@ class BandLimit(Callback):
             old compression, and at a fixed compression they lag behind the weights. Training
             itself normalises with batch statistics, so the re-estimate waits until the running
             ones are used (a checkpoint saved mid-epoch after a change still holds the old
-            ones). The time
+            ones). While the compression stays 0 the model is the plain one and its running
+            statistics are the plain model's: then no batch is kept and nothing is re-estimated.
+            The time
             spent is logged as ``BandLimit/bn_recalibration_seconds`` (cumulative). ``0`` turns
             it off.
         bn_forward: how to run the model on a training batch for the re-estimate,
@@ -204,9 +206,14 @@ class BandLimit(Callback):
             return
         self._recent = RecentBatches(self.recalibrate_bn)
 
+    def _bn_follows(self) -> bool:
+        """Whether the running statistics need a re-estimate: the compression changed since the
+        last one, or is above 0 (at 0 the layers are ``nn.Conv2d``'s exact twins)."""
+        return self._bn_stale or self._compression > 0
+
     def _recalibrate_bn(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Re-estimate BatchNorm statistics over the recent training batches."""
-        if self._recent is None:
+        if self._recent is None or not self._bn_follows():
             return
         batches = list(self._recent.on(pl_module.device))
         if not batches:
@@ -220,12 +227,14 @@ class BandLimit(Callback):
         self.bn_recalibration_seconds += time.perf_counter() - started
         self.bn_recalibrations += 1
         self._bn_stale = False
+        if not self._bn_follows():
+            self._recent.clear()  # back at compression 0: the batches are not needed again
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._recent is not None:
+        if self._recent is not None and self._bn_follows():
             self._recent.append(batch)
         if self._should_log(trainer):
             self._log(pl_module, on_step=True)

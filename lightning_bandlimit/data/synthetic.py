@@ -149,7 +149,11 @@ class SyntheticImages(Dataset):
 
     Labels cycle through the ten classes (balanced); the rest is drawn from a generator seeded
     with ``(seed, split, i)``. Rendered images are kept in memory (``cache=True``), so later
-    epochs cost nothing; the cache is filled lazily, in each DataLoader worker separately.
+    epochs cost nothing; the cache is filled lazily, in each DataLoader worker separately. It is
+    one tensor of all the images, allocated at the first item: thousands of 12 KiB tensors
+    would be scattered through the host allocator's heap among the training step's own small
+    allocations, and the process's resident memory would then vary from run to run by tens of
+    MiB (what the multi-tenant jobs measure against a budget).
 
     Args:
         size: number of images.
@@ -174,7 +178,9 @@ class SyntheticImages(Dataset):
         check_int("seed", seed)
         check_choice("split", split, list(_SPLITS))
         self.size, self.seed, self.split = size, seed, split
-        self._cache: dict[int, torch.Tensor] | None = {} if cache else None
+        self.cache = cache
+        self._images: torch.Tensor | None = None
+        self._rendered: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.size
@@ -184,12 +190,16 @@ class SyntheticImages(Dataset):
             raise IndexError(f"index {index} out of range for {self.size} images")
         index %= self.size
         label = index % len(CLASSES)
-        if self._cache is not None and index in self._cache:
-            return self._cache[index], label
+        if self._rendered is not None and self._rendered[index]:
+            return self._images[index].clone(), label  # type: ignore[index]  # a view would carry every image
         g = torch.Generator().manual_seed((self.seed * 4 + _SPLITS[self.split]) * 10_000_019 + index)
         image = render(label, g)
-        if self._cache is not None:
-            self._cache[index] = image
+        if self.cache:
+            if self._images is None:
+                self._images = torch.empty(self.size, *image.shape, dtype=image.dtype)
+                self._rendered = torch.zeros(self.size, dtype=torch.bool)
+            self._images[index] = image
+            self._rendered[index] = True  # type: ignore[index]
         return image, label
 
 

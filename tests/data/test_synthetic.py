@@ -27,6 +27,17 @@ def test_deterministic_balanced_and_in_range() -> None:
     assert images.shape == (40, 3, 32, 32) and images.min() >= 0 and images.max() <= 1
 
 
+def test_cached_images_are_served_as_their_own_copies() -> None:
+    data = SyntheticImages(30, seed=0)
+    first, _ = data[-1]
+    again, _ = data[29]
+    assert torch.equal(first, again) and again.data_ptr() != first.data_ptr()
+    # an item never carries the cache's storage (torch.save would write every image)
+    assert again.untyped_storage().nbytes() == first.numel() * first.element_size() == 3 * 32 * 32 * 4
+    again.zero_()
+    assert torch.equal(data[29][0], first)  # a caller writing into its copy leaves the cache alone
+
+
 @pytest.mark.parametrize(("textured", "flat", "band"), [(9, 2, (11, 14)), (5, 0, (7, 10)), (3, 0, (3, 5))])
 def test_texture_classes_carry_energy_in_their_band(textured: int, flat: int, band: tuple[int, int]) -> None:
     g = torch.Generator().manual_seed(0)
