@@ -379,7 +379,9 @@ class AdaptiveBandLimit(BandLimit):
             reading, peak = agree_across_ranks(trainer.strategy, self.controller, reading, peak, self._device)
         ran = Setting(self._stages.rung if self._stages is not None else 0, self.compression)
         if peak:
-            self.controller.observe(ran, float(peak))
+            message = self.controller.observe(ran, float(peak))
+            if message is not None:
+                rank_zero_info(f"AdaptiveBandLimit: {message}")
         self._apply(trainer, pl_module, self.controller.decide(reading, self.setting), peak)
 
     def _apply(

@@ -37,7 +37,11 @@ at the setting it ran with, with the same thresholds, hysteresis and cooldown as
   keep it free (else one rung), so a job with no pressure runs at plain speed.
 
 ``max_slowdown`` caps the time cost: a rung whose measured step time exceeds it (relative to
-rung 0) and every rung above it leave the ladder; the continuum then starts below them.
+rung 0) and every rung above it leave the ladder; the continuum then starts below them. A rung
+measured to free less than a quarter of what its stages keep for backward (the step's peak
+lies elsewhere: on the quickstart model checkpointing stages 3-4 after 1-2 frees nothing at the
+peak, at any compression) leaves the ladder the same way, with the rungs above it: it would
+cost recompute time and free nothing.
 With ``rungs=0`` the ladder is the compression continuum alone.
 """
 
@@ -204,12 +208,39 @@ class LadderController:
         """The rung the compression continuum runs on."""
         return self.top if self.continuum_on_top else 0
 
-    def observe(self, setting: Setting, peak_bytes: float) -> None:
-        """The job's peak memory measured at ``setting``."""
+    def observe(self, setting: Setting, peak_bytes: float) -> str | None:
+        """The job's peak memory measured at ``setting``; returns a message when rungs leave the
+        ladder for freeing nothing measured (see the module docstring)."""
+        message = None
         if setting.compression <= self.min_compression:
             self.rung_memory.observe(setting.rung, peak_bytes)
+            message = self._drop_idle_rungs(setting.rung)
         if setting.rung == self.lossy_rung:
             self.compression_memory.observe(setting.compression, peak_bytes)
+        return message
+
+    def _drop_idle_rungs(self, rung: int) -> str | None:
+        points = self.rung_memory.points
+        below = [r for r in points if r < rung]
+        if not below or self.stage_savings is None or rung > self.top:
+            return None
+        lower = int(max(below))
+        kept = self._saved(rung) - self._saved(lower)
+        freed = points[lower] - points[rung]
+        if kept <= 0 or freed >= 0.25 * kept:
+            return None
+        self._lower_top(lower)
+        return (
+            f"rungs {lower + 1}-{rung} freed {freed / 2**20:.1f} MiB at the step's peak, for "
+            f"{kept / 2**20:.1f} MiB their stages keep; the ladder's top rung is now {lower}"
+        )
+
+    def _lower_top(self, top: int) -> None:
+        self.top = top
+        if self.continuum_on_top:  # the continuum moves down with the top rung
+            self.compression_memory = MemoryModel()
+            if top in self.rung_memory.points:
+                self.compression_memory.observe(self.min_compression, self.rung_memory.points[top])
 
     def observe_time(self, rung: int, seconds: float) -> str | None:
         """A step's time on ``rung`` at the floor compression; returns a message when the rung
@@ -220,9 +251,7 @@ class LadderController:
         if self.max_slowdown is None or slowdown is None or rung == 0 or rung > self.top:
             return None
         if slowdown > self.max_slowdown:
-            self.top = rung - 1
-            if self.continuum_on_top:  # the continuum moves down with the top rung
-                self.compression_memory = MemoryModel()
+            self._lower_top(rung - 1)
             return (
                 f"rung {rung} costs {slowdown:.2f}x rung 0's step time (max_slowdown {self.max_slowdown}); "
                 f"the ladder's top rung is now {self.top}"
@@ -286,6 +315,9 @@ class LadderController:
             self._calm = 0
             deficit = (low - reading.free + surprise) * (1 + self.margin)
             return self._change(self._raise(current, deficit), current, RAISE, reading.free, low)
+        if current.rung > self.top:  # above a rung that left the ladder: the same memory, faster
+            self._calm = 0
+            return self._change(Setting(self.top, current.compression), current, LOWER, reading.free, low)
         if reading.free < high:
             self._calm = 0
             return LadderDecision(current.rung, current.compression, HOLD, reading.free, low)

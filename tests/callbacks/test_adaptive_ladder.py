@@ -303,7 +303,8 @@ def test_max_slowdown_takes_slow_rungs_off_the_ladder(
     assert [d["rung"] for d in callback.decisions[5:9]] == [1, 4, 3, 2]
     assert all(d["rung"] <= 3 for d in callback.decisions[7:])
     assert all(d["rung"] <= 2 for d in callback.decisions[8:])
-    assert callback.decisions[9]["rung"] == 2 and callback.decisions[9]["slowdown"] == pytest.approx(2.0)
+    # rung 2 measured too slow on step 9: the same check goes below it, at once
+    assert callback.decisions[9]["rung"] == 1 and callback.decisions[9]["reason"] == "lower"
     assert {d["compression"] for d in callback.decisions} == {0.0}
     assert callback.decisions[-1]["rung"] == 0
 

@@ -686,3 +686,34 @@ def test_continuum_on_top_raises_and_retries_on_the_top_rung() -> None:
     assert ladder.predict(Setting(4, 0.25)) is None
     with pytest.raises(TypeError, match="on_top must be a bool"):
         ladder.set_continuum_on_top(1)  # type: ignore[arg-type]
+
+
+# -- rungs that free nothing at the step's peak ------------------------------------------------
+
+
+def test_rungs_that_free_nothing_measured_leave_the_ladder_and_the_continuum_moves_down() -> None:
+    ladder = _known()  # stages keep 300, 200, 100, 50 bytes; 5000 at rung 0
+    ladder.set_continuum_on_top(True)
+    assert ladder.observe(Setting(2, 0.0), 4520) is None  # freed 480 of 500: a working rung
+    assert ladder.top == 4
+    # stages 3-4 keep 150 bytes; rung 4 freed 20 of them (less than a quarter): they leave
+    message = ladder.observe(Setting(4, 0.0), 4500)
+    assert message is not None and "top rung is now 2" in message
+    assert ladder.top == ladder.lossy_rung == 2
+    # the continuum starts from rung 2's measured memory
+    assert ladder.compression_memory.points == {0.0: 4520}
+    # on rung 4 without pressure: down to rung 2 (same memory, less recompute)
+    assert ladder.decide(_reading(1500), Setting(4, 0.0)).setting == Setting(2, 0.0)
+    # under pressure: the continuum on rung 2, never rung 4 again
+    assert ladder.decide(_reading(500), Setting(2, 0.0)).setting.rung == 2
+    assert ladder.state_dict()["top"] == 2
+
+
+def test_a_rung_that_frees_a_quarter_of_what_its_stages_keep_stays() -> None:
+    ladder = _known()
+    ladder.observe(Setting(2, 0.0), 4520)
+    assert ladder.observe(Setting(3, 0.0), 4490) is None  # 30 of 100: noisy, but it frees
+    assert ladder.top == 4
+    plain = _ladder()  # stage savings unknown: no rung can be judged
+    plain.observe(FLOOR, 5000)
+    assert plain.observe(Setting(4, 0.0), 5000) is None and plain.top == 4
