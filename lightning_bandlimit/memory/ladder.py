@@ -230,9 +230,11 @@ class LadderController:
         if kept <= 0 or freed >= 0.25 * kept:
             return None
         self._lower_top(lower)
+        rungs = f"rung {rung}" if rung == lower + 1 else f"rungs {lower + 1}-{rung}"
+        freed_text = f"freed {freed / 2**20:.1f} MiB" if freed > 0 else "freed nothing"
         return (
-            f"rungs {lower + 1}-{rung} freed {freed / 2**20:.1f} MiB at the step's peak, for "
-            f"{kept / 2**20:.1f} MiB their stages keep; the ladder's top rung is now {lower}"
+            f"{rungs} {freed_text} at the step's peak over rung {lower}, for {kept / 2**20:.1f} MiB "
+            f"their stages keep for backward; the ladder's top rung is now {lower}"
         )
 
     def _lower_top(self, top: int) -> None:
