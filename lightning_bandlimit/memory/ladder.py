@@ -318,7 +318,6 @@ class LadderController:
             deficit = (low - reading.free + surprise) * (1 + self.margin)
             return self._change(self._raise(current, deficit), current, RAISE, reading.free, low)
         if current.rung > self.top:  # above a rung that left the ladder: the same memory, faster
-            self._calm = 0
             return self._change(Setting(self.top, current.compression), current, LOWER, reading.free, low)
         if reading.free < high:
             self._calm = 0
