@@ -35,14 +35,19 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import math
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import torch
 import torch.utils.checkpoint
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
+from torch.utils import _pytree as pytree
 
+from lightning_bandlimit.recompute.arguments import checkpoint_call
+from lightning_bandlimit.recompute.running_stats import running_stats_kept
+from lightning_bandlimit.recompute.segments import Segment
+from lightning_bandlimit.recompute.units import Unit, find_units
 from lightning_bandlimit.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.spectral_checkpoint import (
     can_keep_spectrum,
@@ -60,9 +65,6 @@ __all__ = [
     "uncheckpoint",
 ]
 
-_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-_CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-
 
 class _Checkpointed:
     """Mixin of the checkpointed subclasses; its ``forward`` wraps the base class's."""
@@ -73,15 +75,16 @@ class _Checkpointed:
         base_forward = super().forward  # type: ignore[misc]
         if not (self.training and torch.is_grad_enabled()):  # type: ignore[attr-defined]
             return base_forward(*args, **kwargs)
-        context_fn = lambda: (contextlib.nullcontext(), _running_stats_kept(self))  # type: ignore[arg-type]  # noqa: E731
+        modules = list(self.modules())  # type: ignore[attr-defined]
+        context_fn = lambda: (contextlib.nullcontext(), running_stats_kept(modules))  # noqa: E731
         kept_spectrum, out = checkpoint_from_spectrum(self, args, kwargs, context_fn)  # type: ignore[arg-type]
         if kept_spectrum:
             return out
-        return torch.utils.checkpoint.checkpoint(
-            base_forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs
-        )
+        name = _NAMES.get(self, type(self)._base_class.__name__)  # type: ignore[arg-type]
+        return checkpoint_call(base_forward, args, kwargs, context_fn, name)
 
 
+_NAMES: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
 _SUBCLASSES: dict[type[nn.Module], type[nn.Module]] = {}
 
 
@@ -95,25 +98,7 @@ def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
     return sub
 
 
-@contextlib.contextmanager
-def _running_stats_kept(module: nn.Module) -> Iterator[None]:
-    """Run a recompute with ``module``'s BatchNorm buffers restored afterwards."""
-    saved = [
-        (buffer, buffer.clone())
-        for m in module.modules()
-        if isinstance(m, _BatchNorm)
-        for buffer in (m.running_mean, m.running_var, m.num_batches_tracked)
-        if buffer is not None
-    ]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for buffer, value in saved:
-                buffer.copy_(value)
-
-
-def is_checkpointed(module: nn.Module) -> bool:
+def is_checkpointed(module: Unit) -> bool:
     """Whether ``module`` runs checkpointed (see :func:`checkpoint`).
 
     Example:
@@ -121,14 +106,22 @@ def is_checkpointed(module: nn.Module) -> bool:
         >>> is_checkpointed(checkpoint(block)), is_checkpointed(uncheckpoint(block))
         (True, False)
     """
+    if isinstance(module, Segment):
+        return module.is_checkpointed()
     return isinstance(module, _Checkpointed)
 
 
-def checkpoint(module: nn.Module) -> nn.Module:
+def checkpoint(module: Unit, name: str | None = None) -> Unit:
     """Checkpoint ``module``'s activations from its next training forward on (in place).
 
+    Container arguments (a list of feature maps, as DenseNet passes them) are frozen at call
+    time: a caller that changes them afterwards cannot change the recompute
+    (:mod:`lightning_bandlimit.recompute.arguments`).
+
     Args:
-        module: any module; already checkpointed ones are left as they are.
+        module: any module, or a :class:`~lightning_bandlimit.recompute.segments.Segment` of a
+            plain chain; already checkpointed ones are left as they are.
+        name: the unit's name in error messages (default: its class name).
 
     Returns:
         ``module`` (the same object, its class changed to a checkpointed subclass).
@@ -143,14 +136,19 @@ def checkpoint(module: nn.Module) -> nn.Module:
         ('CheckpointedSequential', True)
         >>> block(torch.rand(4, 2, 8, 8, requires_grad=True)).sum().backward()
     """
+    if isinstance(module, Segment):
+        module.checkpoint()
+        return module
     if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+        raise TypeError(f"module must be an nn.Module or a Segment, got {type(module).__name__}")
+    if name is not None:
+        _NAMES[module] = name
     if not is_checkpointed(module):
         module.__class__ = _checkpointed_class(type(module))
     return module
 
 
-def uncheckpoint(module: nn.Module) -> nn.Module:
+def uncheckpoint(module: Unit) -> Unit:
     """Exact inverse of :func:`checkpoint`: ``module`` runs as before (in place).
 
     Args:
@@ -167,37 +165,31 @@ def uncheckpoint(module: nn.Module) -> nn.Module:
         >>> type(uncheckpoint(checkpoint(conv))) is nn.Conv2d
         True
     """
+    if isinstance(module, Segment):
+        module.uncheckpoint()
+        return module
     if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be an nn.Module, got {type(module).__name__}")
+        raise TypeError(f"module must be an nn.Module or a Segment, got {type(module).__name__}")
     if is_checkpointed(module):
         module.__class__ = module._base_class  # type: ignore[attr-defined]
     return module
 
 
-def _base(module: nn.Module) -> type[nn.Module]:
-    return module._base_class if is_checkpointed(module) else type(module)  # type: ignore[attr-defined]
-
-
-def _is_unit(module: nn.Module) -> bool:
-    cls = _base(module)
-    if issubclass(cls, _CONTAINERS) or issubclass(cls, _CONVS) or not any(True for _ in module.children()):
-        return False
-    convs = [m for m in module.modules() if isinstance(m, _CONVS)]
-    return len(convs) >= 2 and any(max(m.kernel_size) > 1 for m in convs)
-
-
 def checkpoint_units(
     model: nn.Module, include: Patterns = None, exclude: Patterns = None
-) -> list[tuple[str, nn.Module]]:
-    """The modules of ``model`` worth checkpointing, as ``(qualified_name, module)`` in module order.
+) -> list[tuple[str, Unit]]:
+    """The units of ``model`` worth checkpointing, as ``(qualified_name, unit)`` in module order.
 
-    Without ``include``: the residual-block-like units, i.e. the smallest modules (not
+    Without ``include``: the block-like units of
+    :func:`~lightning_bandlimit.recompute.units.find_units`, i.e. the smallest modules (not
     ``model`` itself, nor containers such as ``nn.Sequential``) whose subtree holds at least two
-    convolutions, one of them with a kernel larger than 1x1 (ResNet's basic and bottleneck
-    blocks, MobileNet's inverted residuals). A plain chain of layers in an ``nn.Sequential``
-    has none. With ``include``: every module whose qualified name matches one of its glob
-    patterns (no nesting: a match inside another match is left out). ``exclude`` removes
-    matches either way.
+    convolution or linear layers, one of them a convolution with a kernel larger than 1x1
+    (ResNet's, MobileNet's, EfficientNet's, RegNet's and ConvNeXt's blocks, DenseNet's layers,
+    Inception's modules), and the segments of plain chains (VGG's ``features`` split at its
+    pooling layers, named ``features[0:3]``); modules that checkpoint themselves are left out,
+    and so is a candidate that would be the whole network. With ``include``: every module whose
+    qualified name matches one of its glob patterns (no nesting: a match inside another match is
+    left out). ``exclude`` removes matches either way.
 
     Args:
         model: the model.
@@ -228,8 +220,12 @@ def checkpoint_units(
     if include_t is not None:
         chosen = [(n, m) for n, m in named if matches(n, include_t)]
         return [(n, m) for n, m in chosen if not any(n.startswith(o + ".") for o, _ in chosen)]
-    units = [(n, m) for n, m in named if _is_unit(m)]
-    return [(n, m) for n, m in units if not any(o.startswith(n + ".") for o, _ in units)]
+    # a segment is named ``chain[start:stop]``: excluding the chain excludes its segments
+    return [
+        (n, u)
+        for n, u in find_units(model)
+        if not (matches(n, exclude_t) or matches(n.split("[")[0], exclude_t))
+    ]
 
 
 class UnitProfile:
@@ -247,6 +243,8 @@ class UnitProfile:
     Args:
         units: the units, as :func:`checkpoint_units` returns them.
         exclude: tensors not to count (pass the model's parameters).
+        record: keep detached copies of the first ``record`` samples of each unit's positional
+            arguments (:attr:`inputs`, for :func:`~lightning_bandlimit.recompute.trial.trial`).
 
     Example:
         >>> from lightning_bandlimit.models import cifar_resnet18
@@ -259,14 +257,22 @@ class UnitProfile:
         True
     """
 
-    def __init__(self, units: list[tuple[str, nn.Module]], exclude: Iterable[torch.Tensor] = ()) -> None:
+    def __init__(
+        self, units: list[tuple[str, Unit]], exclude: Iterable[torch.Tensor] = (), record: int = 0
+    ) -> None:
         self.units = list(units)
+        self.record = record
+        self.inputs: dict[str, tuple[Any, ...]] = {}
         self.meter = SavedTensorMeter(exclude=exclude, label=self._running)
         self.order: list[str] = []
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.input_bytes: dict[str, int] = {}
         self._stack: list[str] = []
         self._handles: list[Any] = []
+
+    def _sample(self, t: torch.Tensor) -> torch.Tensor:
+        part = t[: self.record] if t.dim() else t
+        return part.detach().clone().requires_grad_(t.requires_grad)
 
     def _running(self) -> str | None:
         return self._stack[-1] if self._stack else None
@@ -277,12 +283,11 @@ class UnitProfile:
             def pre(_: nn.Module, args: tuple[Any, ...], name: str = name) -> None:
                 self._stack.append(name)
                 if name not in self.input_bytes:
-                    storages = {
-                        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                        for t in args
-                        if isinstance(t, torch.Tensor)
-                    }
+                    tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+                    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
                     self.input_bytes[name] = sum(storages.values())
+                    if self.record:
+                        self.inputs[name] = pytree.tree_map_only(torch.Tensor, self._sample, args)
 
             def post(_: nn.Module, __: Any, output: Any, name: str = name) -> None:
                 self._stack.pop()
@@ -300,22 +305,25 @@ class UnitProfile:
             handle.remove()
         self._handles = []
 
-    def stages(self) -> list[list[str]]:
-        """Names of the units that ran, by stage, highest output resolution first."""
+    def stages(self, drop: Collection[str] = ()) -> list[list[str]]:
+        """Names of the units that ran, by stage, highest output resolution first; the units
+        named in ``drop`` are left out (a stage left empty goes)."""
         runs: list[list[str]] = []
         for name in self.order:
             if runs and self.shapes[runs[-1][-1]] == self.shapes[name]:
                 runs[-1].append(name)
             else:
                 runs.append([name])
-        return sorted(runs, key=lambda run: -math.prod(self.shapes[run[0]][1:]))
+        ordered = sorted(runs, key=lambda run: -math.prod(self.shapes[run[0]][1:]))
+        kept = [[name for name in run if name not in drop] for run in ordered]
+        return [run for run in kept if run]
 
-    def savings(self) -> list[int]:
+    def savings(self, drop: Collection[str] = ()) -> list[int]:
         """Bytes checkpointing each stage of :meth:`stages` frees (estimated from this forward)."""
         inside = self.meter.bytes_by_label
         return [
             sum(max(0, inside.get(name, 0) - self.input_bytes.get(name, 0)) for name in stage)
-            for stage in self.stages()
+            for stage in self.stages(drop)
         ]
 
 
@@ -342,18 +350,37 @@ class CheckpointStages:
         []
     """
 
-    def __init__(self, units: list[tuple[str, nn.Module]]) -> None:
+    def __init__(self, units: list[tuple[str, Unit]]) -> None:
         self.units = dict(units)
         self.stages: list[list[str]] | None = None
         self.rung = 0
 
-    def profile(self, exclude: Iterable[torch.Tensor] = (), checkpointed: bool = False) -> UnitProfile:
+    def profile(
+        self, exclude: Iterable[torch.Tensor] = (), checkpointed: bool = False, record: int = 0
+    ) -> UnitProfile:
         """A profile of the next forward: every unit runs un-checkpointed during it, or with
-        ``checkpointed=True`` checkpointed (stages only: what a unit frees is then not seen)."""
-        for module in self.units.values():
-            (checkpoint if checkpointed else uncheckpoint)(module)
+        ``checkpointed=True`` checkpointed (stages only: what a unit frees is then not seen);
+        ``record`` as :class:`UnitProfile`'s."""
+        for name, module in self.units.items():
+            checkpoint(module, name) if checkpointed else uncheckpoint(module)
         self.rung = 0
-        return UnitProfile(list(self.units.items()), exclude=exclude)
+        return UnitProfile(list(self.units.items()), exclude=exclude, record=record)
+
+    def remove(self, names: Collection[str]) -> None:
+        """Take the units ``names`` off the ladder: back to their own class, out of every stage.
+
+        Raises:
+            ValueError: for a name that is not one of the units.
+        """
+        unknown = [name for name in names if name not in self.units]
+        if unknown:
+            raise ValueError(f"unknown units {unknown}; expected names among {sorted(self.units)}")
+        for name in names:
+            uncheckpoint(self.units.pop(name))
+        if self.stages is not None:
+            stages = [[n for n in stage if n not in names] for stage in self.stages]
+            self.stages = [stage for stage in stages if stage]
+            self.rung = min(self.rung, len(self.stages))
 
     def set_stages(self, stages: list[list[str]]) -> None:
         """The stages, highest resolution first, as :meth:`UnitProfile.stages` gives them.
@@ -379,7 +406,7 @@ class CheckpointStages:
             raise ValueError(f"rung must be in [0, {len(self.stages)}], got {rung}")
         chosen = {name for stage in self.stages[:rung] for name in stage}
         for name, module in self.units.items():
-            (checkpoint if name in chosen else uncheckpoint)(module)
+            checkpoint(module, name) if name in chosen else uncheckpoint(module)
         self.rung = rung
 
     def checkpointed(self) -> list[str]:
@@ -389,7 +416,9 @@ class CheckpointStages:
     def keep_spectrum(self) -> bool:
         """Whether every unit, checkpointed, keeps only its kept spectrum at a band-limiting
         compression (:func:`~lightning_bandlimit.spectral_checkpoint.can_keep_spectrum`)."""
-        return bool(self.units) and all(can_keep_spectrum(m) for m in self.units.values())
+        return bool(self.units) and all(
+            isinstance(m, nn.Module) and can_keep_spectrum(m) for m in self.units.values()
+        )
 
     def fallbacks(self) -> dict[str, str]:
         """Checkpointed units whose last training forward kept their full input, and why."""

@@ -137,7 +137,7 @@ def test_without_the_restore_the_recompute_would_update_batchnorm_twice(
     naive = copy.deepcopy(model)
     x, y = _batch()
     _step(model, x, y)
-    monkeypatch.setattr(checkpointing, "_running_stats_kept", lambda module: _nothing())
+    monkeypatch.setattr(checkpointing, "running_stats_kept", lambda modules: _nothing())
     _step(naive, x, y)
     assert int(model.get_submodule("3.bn1").num_batches_tracked) == 1
     assert int(naive.get_submodule("3.bn1").num_batches_tracked) == 2

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("utils",),
     ("functional",),
     ("layers", "lean_layers", "saved_tensors", "batchnorm"),
-    ("surgery", "checkpointing", "spectral_checkpoint"),
+    ("surgery", "checkpointing", "spectral_checkpoint", "recompute"),
     ("memory", "data"),
     ("strategies", "callbacks"),
     ("models",),  # the example LightningModule may use the strategies' schedules
