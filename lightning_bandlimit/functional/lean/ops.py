@@ -17,6 +17,12 @@ only what the gradient needs, in the smallest exact form:
 The backward passes call the same ATen kernels as autograd's (``convolution_backward``,
 ``native_batch_norm_backward``) on the recomputed tensors. These ops are meant for training
 (``torch.is_grad_enabled()`` and something requiring grad); callers use the plain op otherwise.
+
+Each op checks its arguments as its ``torch.nn.functional`` counterpart does, with the same
+exception type and message, before any ATen kernel sees them (``native_batch_norm`` does not
+check the sizes of its per-channel tensors). Each takes any memory layout (contiguous,
+channels-last, strided) and returns the gradients of the functional op whatever the layouts;
+max-pooling and a strided 1x1 convolution return a channels-last input's gradient channels-last.
 """
 
 from __future__ import annotations
@@ -65,8 +71,17 @@ def lean_wanted(input: torch.Tensor, *params: torch.Tensor | None) -> bool:
 
 
 def _batch_parts(n: int, parts: int = 8) -> list[slice]:
-    step = -(-n // parts)
+    step = max(1, -(-n // parts))
     return [slice(i, min(i + step, n)) for i in range(0, n, step)]
+
+
+def _channels_last(t: torch.Tensor) -> bool:
+    """Whether ``t`` is laid out channels-last (and not also contiguous, as when ``C == 1``)."""
+    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+
+
+def _memory_format(t: torch.Tensor) -> torch.memory_format:
+    return torch.channels_last if _channels_last(t) else torch.contiguous_format
 
 
 def _bits(device: torch.device) -> torch.Tensor:
@@ -94,7 +109,9 @@ def pack_mask(mask: torch.Tensor) -> torch.Tensor:
         >>> torch.equal(unpack_mask(pack_mask(m), m.shape), m)
         True
     """
-    flat = mask.reshape(-1)
+    # Bits in the logical (row-major) order whatever the layout: a channels-last or strided mask
+    # is copied, as reshape would.
+    flat = mask.contiguous().view(-1)
     pad = -flat.numel() % 8
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
@@ -167,6 +184,30 @@ def lean_relu(input: torch.Tensor, inplace: bool = False) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------------- BatchNorm
+def _check_batch_norm(
+    input: torch.Tensor,
+    running_mean: torch.Tensor | None,
+    running_var: torch.Tensor | None,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> None:
+    """The size checks ``F.batch_norm`` makes before ``native_batch_norm``, which makes none.
+
+    Raises:
+        RuntimeError: as ``F.batch_norm``, if a per-channel tensor has not ``input.shape[1]``
+            elements (``native_batch_norm`` would read or write past its end).
+    """
+    channels = input.shape[1]
+    for name, t in (
+        ("running_mean", running_mean),
+        ("running_var", running_var),
+        ("weight", weight),
+        ("bias", bias),
+    ):
+        if t is not None and t.numel() != channels:
+            raise RuntimeError(f"{name} should contain {channels} elements not {t.numel()}")
+
+
 class BatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
@@ -181,7 +222,9 @@ class BatchNormFunction(torch.autograd.Function):
         source: Source,
         *source_tensors: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        _check_batch_norm(input, running_mean, running_var, weight, bias)
         # ATen's own kernel: the statistics, running-statistics update and output of F.batch_norm.
+        # Devices and dtypes are checked there (by the dispatcher and the kernel), as for F.
         out, mean, invstd = torch.native_batch_norm(
             input, weight, bias, running_mean, running_var, True, momentum, eps
         )
@@ -260,6 +303,8 @@ def lean_batch_norm(
 
     Raises:
         ValueError: if there is only one value per channel (as ``F.batch_norm``).
+        RuntimeError: if ``running_mean``, ``running_var``, ``weight`` or ``bias`` has not
+            ``C`` elements (as ``F.batch_norm``), or devices or dtypes do not match.
 
     Example:
         >>> x = torch.randn(8, 3, 5, 5, requires_grad=True)
@@ -271,6 +316,9 @@ def lean_batch_norm(
         raise ValueError(
             f"Expected more than 1 value per channel when training, got input size {list(input.shape)}"
         )
+    # F.batch_norm takes any tensor of C elements as a per-channel one: (C,) views of them
+    weight = weight if weight is None or weight.dim() == 1 else weight.reshape(-1)
+    bias = bias if bias is None or bias.dim() == 1 else bias.reshape(-1)
     found = lookup(input)
     source, tensors = found if found is not None else (Saved(), (input,))
     out, scale, shift = BatchNormFunction.apply(
@@ -297,6 +345,7 @@ class MaxPool2dFunction(torch.autograd.Function):
         offset = (index.div(width, rounding_mode="floor") - oh).div_(dilation[0], rounding_mode="floor")
         offset.mul_(kernel[1]).add_((index.remainder(width) - ow).div_(dilation[1], rounding_mode="floor"))
         ctx.geometry = (input.shape, kernel, stride, padding, dilation)
+        ctx.channels_last = _channels_last(input)
         ctx.save_for_backward(offset.to(torch.uint8))
         return out
 
@@ -305,25 +354,48 @@ class MaxPool2dFunction(torch.autograd.Function):
     def backward(ctx, grad):  # type: ignore[override]
         (offsets,) = ctx.saved_tensors
         shape, kernel, stride, padding, dilation = ctx.geometry
-        width = shape[-1]
-        oh = _window_origins(grad.shape[-2], stride[0], padding[0], grad.device).view(-1, 1)
-        ow = _window_origins(grad.shape[-1], stride[1], padding[1], grad.device)
-        planes = grad.shape[0] * grad.shape[1] if grad.dim() == 4 else grad.shape[0]
-        grad_input = grad.new_zeros(planes, shape[-2] * width)
-        grad_planes, offsets = (
-            grad.reshape(planes, -1, grad.shape[-1]),
-            offsets.view(planes, -1, grad.shape[-1]),
-        )
+        height, width = shape[-2:]
+        out_h, out_w = grad.shape[-2:]
+        # Positions are scattered along dim 1 of (P, H * W, Q): the planes (P = N * C, Q = 1), or,
+        # channels-last, the batch (P = N) with the channels innermost (Q = C), as laid out in memory.
+        if ctx.channels_last:
+            planes, channels = shape[0], shape[1]
+            grad, offsets = grad.permute(0, 2, 3, 1), offsets.permute(0, 2, 3, 1)
+        else:
+            planes, channels = math.prod(shape[:-2]), 1
+        # reshape: a view when the layout already is (P, h, w, Q), else a copy
+        grad_planes = grad.reshape(planes, out_h * out_w, channels)
+        offsets = offsets.reshape(planes, out_h, out_w, channels)
+        oh = _window_origins(out_h, stride[0], padding[0], grad.device).view(-1, 1, 1)
+        ow = _window_origins(out_w, stride[1], padding[1], grad.device).view(-1, 1)
+        grad_input = grad.new_zeros(planes, height * width, channels)
         for part in _batch_parts(planes):  # int64 positions for a part of the planes at a time
             offset = offsets[part].long()
             row = offset.div(kernel[1], rounding_mode="floor").mul_(dilation[0]).add_(oh)
             index = row.mul_(width).add_(offset.remainder_(kernel[1]).mul_(dilation[1]).add_(ow))
-            grad_input[part].scatter_add_(1, index.flatten(1), grad_planes[part].flatten(1))
-        return grad_input.view(shape), None, None, None, None, None
+            grad_input[part].scatter_add_(1, index.reshape(-1, out_h * out_w, channels), grad_planes[part])
+        if ctx.channels_last:
+            grad_input = grad_input.view(planes, height, width, channels).permute(0, 3, 1, 2)
+        else:
+            grad_input = grad_input.view(shape)
+        return grad_input, None, None, None, None, None
 
 
-def _pair(value: int | Sequence[int]) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[-1]))
+def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
+    """``(value, value)`` or ``value`` as a pair, with ``F.max_pool2d``'s check of its length."""
+    if isinstance(value, int):
+        return value, value
+    if len(value) not in (1, 2):
+        raise RuntimeError(_PAIR_ERRORS[name])
+    return int(value[0]), int(value[-1])
+
+
+_PAIR_ERRORS = {
+    "kernel_size": "max_pool2d: kernel_size must either be a single int, or a tuple of two ints",
+    "stride": "max_pool2d: stride must either be omitted, a single int, or a tuple of two ints",
+    "padding": "max_pool2d: padding must either be a single int, or a tuple of two ints",
+    "dilation": "max_pool2d: dilation must be either a single int, or a tuple of two ints",
+}
 
 
 def lean_max_pool2d(
@@ -336,7 +408,8 @@ def lean_max_pool2d(
 ) -> torch.Tensor:
     """``F.max_pool2d`` that keeps, per output, the position of the maximum in its window (a byte).
 
-    Windows of more than 256 positions keep the plain op.
+    Windows of more than 256 positions keep the plain op. Invalid arguments raise what
+    ``F.max_pool2d`` raises (``RuntimeError``), before anything is computed.
 
     Example:
         >>> x = torch.randn(2, 3, 8, 8, requires_grad=True)
@@ -346,9 +419,9 @@ def lean_max_pool2d(
         >>> torch.allclose(g, x.grad)
         True
     """
-    kernel = _pair(kernel_size)
-    stride = kernel if stride is None or stride == [] or stride == () else _pair(stride)
-    padding, dilation = _pair(padding), _pair(dilation)
+    kernel = _pair(kernel_size, "kernel_size")
+    stride = kernel if stride is None or stride == [] or stride == () else _pair(stride, "stride")
+    padding, dilation = _pair(padding, "padding"), _pair(dilation, "dilation")
     if kernel[0] * kernel[1] > 256:
         return F.max_pool2d(input, kernel, stride, padding, dilation, ceil_mode)
     return MaxPool2dFunction.apply(input, kernel, stride, padding, dilation, ceil_mode)
@@ -392,12 +465,19 @@ class _NativeConv(torch.autograd.Function):
         dtype = conv_dtype(input)
         spatial_dims = weight.dim() - 2
         ctx.extra = len(source_tensors)  # tensor arguments after the nine fixed ones
-        x = input if subsample is None else stride_grid(input, subsample).contiguous()
+        memory_format = _memory_format(input)
+        x = (
+            input
+            if subsample is None
+            else stride_grid(input, subsample).contiguous(memory_format=memory_format)
+        )
+        # Cast where autocast would (conv_dtype's condition), else F.conv2d checks the dtypes.
+        cast = input.dtype != torch.float64 and torch.is_autocast_enabled(input.device.type)
         with torch.autocast(input.device.type, enabled=False):
             out = conv_function(spatial_dims)(
-                x.to(dtype),
-                weight.to(dtype),
-                None if bias is None else bias.to(dtype),
+                x.to(dtype) if cast else x,
+                weight.to(dtype) if cast else weight,
+                bias.to(dtype) if cast and bias is not None else bias,
                 stride,
                 padding,
                 dilation,
@@ -409,6 +489,7 @@ class _NativeConv(torch.autograd.Function):
         else:
             ctx.subsample_saved = subsample
         ctx.source, ctx.dtype, ctx.input_shape, ctx.input_dtype = source, dtype, input.shape, input.dtype
+        ctx.memory_format = memory_format
         ctx.args = (stride, padding, dilation, groups, subsample)
         ctx.has_bias = bias is not None
         ctx.save_for_backward(weight, *source_tensors)
@@ -438,7 +519,7 @@ class _NativeConv(torch.autograd.Function):
         )
         if grad_x is not None:
             if subsample is not None:
-                full = grad_x.new_zeros(ctx.input_shape)
+                full = grad_x.new_zeros(ctx.input_shape).contiguous(memory_format=ctx.memory_format)
                 stride_grid(full, subsample).copy_(grad_x)
                 grad_x = full
             grad_x = grad_x.to(ctx.input_dtype)
@@ -469,8 +550,13 @@ def lean_conv(
     Args:
         input: ``(N, C, L)`` or ``(N, C, H, W)``.
         weight, bias: as ``F.conv2d``.
-        stride, padding, dilation: one int per spatial dim (padding: zeros, symmetric).
+        stride, padding, dilation: one int per spatial dim, or one for all (padding: zeros,
+            symmetric).
         groups: as ``F.conv2d``.
+
+    Raises:
+        RuntimeError: what ``F.conv1d`` / ``F.conv2d`` raises for invalid arguments (it runs
+            first, on the unchanged arguments, wherever they are not known to be valid).
 
     Example:
         >>> x = torch.randn(2, 4, 9, 9, requires_grad=True)
@@ -478,9 +564,26 @@ def lean_conv(
         >>> torch.allclose(lean_conv(x, w, None, (2, 2), (0, 0), (1, 1), 1), F.conv2d(x, w, stride=2))
         True
     """
-    stride, padding, dilation = tuple(stride), tuple(padding), tuple(dilation)
+    spatial_dims = weight.dim() - 2
+    # one value for all spatial dims, as F.conv2d expands it
+    stride, padding, dilation = (
+        tuple(v) * spatial_dims if len(v) == 1 else tuple(v) for v in (stride, padding, dilation)
+    )
+    if input.dim() != weight.dim():  # unbatched, or invalid: the plain op (and its checks)
+        return conv_function(spatial_dims)(input, weight, bias, stride, padding, dilation, groups)
     pointwise = all(k == 1 for k in weight.shape[2:]) and not any(padding)
-    subsample = stride if pointwise and any(s > 1 for s in stride) else None
+    # Subsampling first changes what F.conv2d checks: only for a stride and an input shape it
+    # would accept; any other invalid argument it sees unchanged.
+    subsample = (
+        stride
+        if pointwise
+        and any(s > 1 for s in stride)
+        and len(stride) == spatial_dims
+        and all(s > 0 for s in stride)
+        and groups > 0
+        and input.shape[1] == weight.shape[1] * groups
+        else None
+    )
     conv_stride = (1,) * len(stride) if subsample is not None else stride
     found = lookup(input)
     source, tensors = found if found is not None else (None, ())
