@@ -24,18 +24,22 @@ would update its BatchNorm layers' running statistics a second time (pytorch/pyt
 the recompute here restores them afterwards, so they equal those of the same model without
 checkpointing.
 
-Which modules: :func:`checkpoint_units` finds the residual-block-like units of a model
-(the smallest modules with a ``forward`` of their own and at least two convolutions, one of
-them spatial: ResNet's basic and bottleneck blocks, MobileNet's inverted residuals), or takes
-glob patterns over qualified names.
+Which modules: :func:`checkpoint_units` finds the block-like units of a model and the
+segments of its plain chains (:mod:`lightning_bandlimit.recompute.units`: one rule, per-family
+knowledge as data), or takes glob patterns over qualified names.
+
+**Never a crash, never a wrong gradient.** Container arguments are frozen at call time
+(:mod:`lightning_bandlimit.recompute.arguments`); a recompute that fails raises
+:class:`~lightning_bandlimit.recompute.arguments.RecomputeMismatch` naming the unit; and
+:class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` tries every unit before the ladder uses
+it (:func:`~lightning_bandlimit.recompute.trial.trial`) and takes a unit that is not exact off
+the ladder with one warning.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import math
-import weakref
 from collections.abc import Collection, Iterable
 from typing import Any
 
@@ -44,14 +48,11 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from lightning_bandlimit.recompute.arguments import checkpoint_call
-from lightning_bandlimit.recompute.running_stats import running_stats_kept
-from lightning_bandlimit.recompute.segments import Segment
+from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
 from lightning_bandlimit.recompute.units import Unit, find_units
 from lightning_bandlimit.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.spectral_checkpoint import (
     can_keep_spectrum,
-    checkpoint_from_spectrum,
     spectral_fallback,
 )
 from lightning_bandlimit.surgery import Patterns, normalize_patterns
@@ -64,115 +65,6 @@ __all__ = [
     "is_checkpointed",
     "uncheckpoint",
 ]
-
-
-class _Checkpointed:
-    """Mixin of the checkpointed subclasses; its ``forward`` wraps the base class's."""
-
-    _base_class: type[nn.Module]
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        base_forward = super().forward  # type: ignore[misc]
-        if not (self.training and torch.is_grad_enabled()):  # type: ignore[attr-defined]
-            return base_forward(*args, **kwargs)
-        modules = list(self.modules())  # type: ignore[attr-defined]
-        context_fn = lambda: (contextlib.nullcontext(), running_stats_kept(modules))  # noqa: E731
-        kept_spectrum, out = checkpoint_from_spectrum(self, args, kwargs, context_fn)  # type: ignore[arg-type]
-        if kept_spectrum:
-            return out
-        name = _NAMES.get(self, type(self)._base_class.__name__)  # type: ignore[arg-type]
-        return checkpoint_call(base_forward, args, kwargs, context_fn, name)
-
-
-_NAMES: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
-_SUBCLASSES: dict[type[nn.Module], type[nn.Module]] = {}
-
-
-def _checkpointed_class(cls: type[nn.Module]) -> type[nn.Module]:
-    sub = _SUBCLASSES.get(cls)
-    if sub is None:
-        namespace = {"_base_class": cls, "_unchecked_forward": cls.forward}
-        sub = type(f"Checkpointed{cls.__name__}", (_Checkpointed, cls), namespace)
-        sub.__module__ = cls.__module__
-        _SUBCLASSES[cls] = sub
-    return sub
-
-
-def is_checkpointed(module: Unit) -> bool:
-    """Whether ``module`` runs checkpointed (see :func:`checkpoint`).
-
-    Example:
-        >>> block = nn.Sequential(nn.Conv2d(1, 1, 3), nn.ReLU())
-        >>> is_checkpointed(checkpoint(block)), is_checkpointed(uncheckpoint(block))
-        (True, False)
-    """
-    if isinstance(module, Segment):
-        return module.is_checkpointed()
-    return isinstance(module, _Checkpointed)
-
-
-def checkpoint(module: Unit, name: str | None = None) -> Unit:
-    """Checkpoint ``module``'s activations from its next training forward on (in place).
-
-    Container arguments (a list of feature maps, as DenseNet passes them) are frozen at call
-    time: a caller that changes them afterwards cannot change the recompute
-    (:mod:`lightning_bandlimit.recompute.arguments`).
-
-    Args:
-        module: any module, or a :class:`~lightning_bandlimit.recompute.segments.Segment` of a
-            plain chain; already checkpointed ones are left as they are.
-        name: the unit's name in error messages (default: its class name).
-
-    Returns:
-        ``module`` (the same object, its class changed to a checkpointed subclass).
-
-    Raises:
-        TypeError: if ``module`` is not an ``nn.Module``.
-
-    Example:
-        >>> block = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1), nn.BatchNorm2d(2), nn.ReLU())
-        >>> keys = list(block.state_dict())
-        >>> type(checkpoint(block)).__name__, list(block.state_dict()) == keys
-        ('CheckpointedSequential', True)
-        >>> block(torch.rand(4, 2, 8, 8, requires_grad=True)).sum().backward()
-    """
-    if isinstance(module, Segment):
-        module.checkpoint()
-        return module
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be an nn.Module or a Segment, got {type(module).__name__}")
-    if name is not None:
-        _NAMES[module] = name
-    if not is_checkpointed(module):
-        module.__class__ = _checkpointed_class(type(module))
-    return module
-
-
-def uncheckpoint(module: Unit) -> Unit:
-    """Exact inverse of :func:`checkpoint`: ``module`` runs as before (in place).
-
-    Args:
-        module: a module; ones that are not checkpointed are left as they are.
-
-    Returns:
-        ``module``.
-
-    Raises:
-        TypeError: if ``module`` is not an ``nn.Module``.
-
-    Example:
-        >>> conv = nn.Conv2d(1, 1, 3)
-        >>> type(uncheckpoint(checkpoint(conv))) is nn.Conv2d
-        True
-    """
-    if isinstance(module, Segment):
-        module.uncheckpoint()
-        return module
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be an nn.Module or a Segment, got {type(module).__name__}")
-    if is_checkpointed(module):
-        module.__class__ = module._base_class  # type: ignore[attr-defined]
-    return module
 
 
 def checkpoint_units(

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from lightning_bandlimit.functional.algorithm import check_algorithm
+from lightning_bandlimit.functional.compile import compiled_band_limited_conv
 from lightning_bandlimit.functional.fft_conv import band_limited_conv
 from lightning_bandlimit.utils.validation import check_bool, check_compression
 
@@ -28,7 +29,7 @@ __all__ = [
 ]
 
 _Self = TypeVar("_Self", bound="BandLimitedConvNd")
-_BANDLIMIT_ATTRIBUTES = ("_compression", "achieved_compression", "memory_lean", "_algorithm")
+_BANDLIMIT_ATTRIBUTES = ("_compression", "_achieved_compression", "memory_lean", "_algorithm")
 
 
 def _twin(source: nn.Module, cls: type) -> Any:
@@ -60,12 +61,19 @@ class BandLimitedConvNd:
 
     ``compression`` and ``algorithm`` are checked when set (the constructor sets them too); the
     forward pass trusts them.
+
+    Under ``torch.compile`` the layer compiles without graph breaks: at ``compression=0`` it
+    runs ``nn.Conv2d``'s forward, above it one custom op
+    (:mod:`~lightning_bandlimit.functional.compile`) whose compiled graph serves every
+    compression; memory-lean training is not traceable and the compiled layer keeps what
+    ``nn.Conv2d`` keeps (one warning).
     """
 
     _plain: type[nn.Module]  # the convolution class this one band-limits
     _compression: float
     _algorithm: str = "auto"
-    achieved_compression: float | None
+    # A 0-d tensor when set inside a compiled graph (a tensor serves every compression).
+    _achieved_compression: float | torch.Tensor | None = None
     memory_lean: bool
 
     def __init__(self, *args: Any, compression: float = 0.0, memory_lean: bool = True, **kwargs: Any) -> None:
@@ -77,6 +85,8 @@ class BandLimitedConvNd:
     def _conv_forward(
         self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return self._compiled_conv_forward(input, weight, bias)
         out, band = band_limited_conv(
             input,
             weight,
@@ -93,6 +103,38 @@ class BandLimitedConvNd:
         )
         self.achieved_compression = band.compression
         return out
+
+    def _compiled_conv_forward(
+        self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        if self._compression == 0:  # the full band: the plain convolution, which compiles natively
+            self._achieved_compression = 0.0
+            return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
+        out, achieved = compiled_band_limited_conv(
+            input,
+            weight,
+            bias,
+            self.stride,  # type: ignore[attr-defined]
+            self.padding,  # type: ignore[attr-defined]
+            self.dilation,  # type: ignore[attr-defined]
+            self.groups,  # type: ignore[attr-defined]
+            self.padding_mode,  # type: ignore[attr-defined]
+            self._compression,
+            len(self.kernel_size),  # type: ignore[attr-defined]
+            self.memory_lean and self.training,  # type: ignore[attr-defined]
+            self._algorithm,
+        )
+        self._achieved_compression = achieved
+        return out
+
+    @property
+    def achieved_compression(self) -> float | None:
+        value = self._achieved_compression
+        return float(value) if isinstance(value, torch.Tensor) else value
+
+    @achieved_compression.setter
+    def achieved_compression(self, value: float | None) -> None:
+        self._achieved_compression = value
 
     @property
     def compression(self) -> float:

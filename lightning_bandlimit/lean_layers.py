@@ -10,6 +10,8 @@ gradients equal those of the plain modules (to round-off). Outside training with
 the plain module's forward. They also run it on activations that carry no recipe, i.e. that do
 not descend from a band-limited convolution at a compression above 0 (every activation at
 ``compression=0``; see ``_band_limited``): there the plain module keeps no more and runs faster.
+Inside ``torch.compile`` they run the plain module's forward too (see ``_plain_forward``): the
+hand-off between lean ops goes through Python-side state that cannot be traced.
 
 :func:`~lightning_bandlimit.surgery.bandlimit` swaps them in (``memory_lean=True``, the default)
 and :func:`~lightning_bandlimit.surgery.unbandlimit` swaps them back.
@@ -36,6 +38,17 @@ from lightning_bandlimit.functional.lean.ops import (
 from lightning_bandlimit.functional.lean.sources import lookup
 from lightning_bandlimit.functional.spatial_conv import SpatialConvFunction
 from lightning_bandlimit.functional.spectral_kernel import FFTConvFunction
+
+
+def _plain_forward(training: bool, input: torch.Tensor, *params: torch.Tensor | None) -> bool:
+    """Whether a lean module runs its plain module's forward: outside training with gradients,
+    inside ``torch.compile``, or on an activation that is not band-limited."""
+    return (
+        not training
+        or torch.compiler.is_compiling()
+        or not lean_wanted(input, *params)
+        or not _band_limited(input)
+    )
 
 
 def _band_limited(input: torch.Tensor) -> bool:
@@ -92,7 +105,7 @@ class LeanReLU(LeanModule, nn.ReLU):
     _plain = nn.ReLU
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not (self.training and lean_wanted(input) and _band_limited(input)):
+        if _plain_forward(self.training, input):
             return super().forward(input)
         return lean_relu(input, self.inplace)
 
@@ -100,7 +113,7 @@ class LeanReLU(LeanModule, nn.ReLU):
 class _LeanBatchNorm(LeanModule):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         bn: Any = self
-        if not (bn.training and lean_wanted(input, bn.weight, bn.bias) and _band_limited(input)):
+        if _plain_forward(bn.training, input, bn.weight, bn.bias):
             return super().forward(input)  # type: ignore[misc]
         bn._check_input_dim(input)
         # The bookkeeping of torch.nn.modules.batchnorm._BatchNorm.forward in training mode.
@@ -155,7 +168,7 @@ class LeanMaxPool2d(LeanModule, nn.MaxPool2d):
     _plain = nn.MaxPool2d
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if self.return_indices or not (self.training and lean_wanted(input) and _band_limited(input)):
+        if self.return_indices or _plain_forward(self.training, input):
             return super().forward(input)
         return lean_max_pool2d(
             input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode
@@ -180,8 +193,11 @@ class _LeanConv(LeanModule):
     ) -> torch.Tensor:
         conv: Any = self
         padding = _zero_padding(conv)
-        lean = conv.training and lean_wanted(input, weight, bias) and _band_limited(input)
-        if padding is None or input.dim() != weight.dim() or not lean:
+        if (
+            padding is None
+            or input.dim() != weight.dim()
+            or _plain_forward(conv.training, input, weight, bias)
+        ):
             return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
         return lean_conv(input, weight, bias, conv.stride, padding, conv.dilation, conv.groups)
 

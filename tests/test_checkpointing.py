@@ -8,7 +8,6 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from lightning_bandlimit import checkpointing
 from lightning_bandlimit.checkpointing import (
     CheckpointStages,
     UnitProfile,
@@ -19,6 +18,7 @@ from lightning_bandlimit.checkpointing import (
 )
 from lightning_bandlimit.models import cifar_resnet18, small_cnn
 from lightning_bandlimit.models.backbones import _BasicBlock
+from lightning_bandlimit.recompute import switch
 from lightning_bandlimit.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.surgery import bandlimit
 
@@ -137,7 +137,7 @@ def test_without_the_restore_the_recompute_would_update_batchnorm_twice(
     naive = copy.deepcopy(model)
     x, y = _batch()
     _step(model, x, y)
-    monkeypatch.setattr(checkpointing, "running_stats_kept", lambda modules: _nothing())
+    monkeypatch.setattr(switch, "running_stats_kept", lambda modules: _nothing())
     _step(naive, x, y)
     assert int(model.get_submodule("3.bn1").num_batches_tracked) == 1
     assert int(naive.get_submodule("3.bn1").num_batches_tracked) == 2

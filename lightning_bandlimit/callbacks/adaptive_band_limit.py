@@ -25,12 +25,14 @@ from lightning_bandlimit.memory.ladder import LadderController, LadderDecision, 
 from lightning_bandlimit.memory.memory_model import OOM
 from lightning_bandlimit.memory.probes import MemoryProbe, ProbeUnavailable, auto_probe
 from lightning_bandlimit.memory.process import release_cached_memory
+from lightning_bandlimit.recompute.trial import trial
 from lightning_bandlimit.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.surgery import Patterns, normalize_patterns
 from lightning_bandlimit.utils.validation import check_choice, check_compression, check_int
 
 LEVERS = ("checkpoint", "compression")
 CONTINUUM_RUNGS = ("auto", "top", "zero")
+TRIAL_SAMPLES = 4  # samples of each unit's input kept from the profiled step to try it on
 
 __all__ = ["AdaptiveBandLimit"]
 
@@ -210,6 +212,7 @@ class AdaptiveBandLimit(BandLimit):
         self.rung = 0
         self._stages: CheckpointStages | None = None
         self._profile: UnitProfile | None = None
+        self._profiled: UnitProfile | None = None  # closed before backward, finished after the step
         self._measured_profile = True  # False: the profile runs with every unit checkpointed
         self._oom_while_profiling: int | None = None  # the step whose profile ran out of memory
         self._fallbacks = FallbackReport()
@@ -278,7 +281,8 @@ class AdaptiveBandLimit(BandLimit):
         if self._stages is not None and self._stages.stages is None:
             # The first step runs every unit plainly and measures them: stages and bytes freed.
             self._step_started = None  # a profiling step's time is not a rung's
-            self._profile = self._stages.profile(exclude=pl_module.parameters()).__enter__()
+            self._profile = self._stages.profile(exclude=pl_module.parameters(), record=TRIAL_SAMPLES)
+            self._profile.__enter__()
             return
         # global_step counts optimizer steps: this batch ends at global_step + 1.
         if self.probe is None or self.probe.measures_own or not self._is_check_step(trainer.global_step + 1):
@@ -299,18 +303,28 @@ class AdaptiveBandLimit(BandLimit):
             self._profile.__exit__(None, None, None)
             if self._measured_profile:
                 self._job_peak = self._profile.meter.bytes
-            self._finish_profile(self._profile)
-            self._profile = None
+            self._profiled, self._profile = self._profile, None  # finished after the step
         if self._meter is not None:
             self._meter.__exit__(None, None, None)
             self._job_peak, self._meter = self._meter.bytes, None
 
-    def _finish_profile(self, profile: UnitProfile) -> None:
+    def _finish_profile(self, trainer: pl.Trainer, profile: UnitProfile) -> None:
         assert self._stages is not None
-        stages = profile.stages()
+        failed = self._failed_trials(trainer, profile)
+        if failed:
+            self._stages.remove(failed)
+        stages = profile.stages(drop=failed)
+        if not stages:
+            rank_zero_warn(
+                "AdaptiveBandLimit: no unit is exact when checkpointed; the ladder is the compression alone"
+            )
+            self._stages = None
+            self.controller.set_rungs(0)
+            self.rung = 0
+            return
         self._stages.set_stages(stages)
         if self._measured_profile:
-            savings = profile.savings()
+            savings = profile.savings(drop=failed)
             self.controller.set_stage_savings(savings)
             self.rung = min(self.rung, len(stages))
             freed = f"bytes each frees: {[f'{s / 2**20:.1f} MiB' for s in savings]}"
@@ -341,6 +355,9 @@ class AdaptiveBandLimit(BandLimit):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._stop_meters()  # the step ended without a backward (e.g. skipped)
+        if self._profiled is not None:
+            profile, self._profiled = self._profiled, None
+            self._finish_profile(trainer, profile)
         if self._step_started is not None and self.compression <= self.controller.min_compression:
             message = self.controller.observe_time(self.rung, time.perf_counter() - self._step_started)
             if message is not None:
@@ -417,6 +434,42 @@ class AdaptiveBandLimit(BandLimit):
         )
         self.decisions.append(record)
         log_decision(pl_module, type(self).__name__, record)
+
+    def _failed_trials(self, trainer: pl.Trainer, profile: UnitProfile) -> list[str]:
+        """The units that are not exact when checkpointed (:func:`~lightning_bandlimit.recompute.trial.trial`
+        on the profile's recorded samples, at the compression now and, when the compression lever
+        may raise it, at a band-limiting one), agreed across ranks; one warning names them."""
+        assert self._stages is not None
+        names = list(self._stages.units)
+        compressions: list[float | None] = [None]
+        if "compression" in self.levers and self.controller.max_compression > self.compression:
+            compressions.append(max(self.compression, min(0.5, self.controller.max_compression)))
+        reasons: dict[str, str] = {}
+        for name in names:
+            if name not in profile.inputs:
+                continue  # did not run in the profiled step: nothing to try it on
+            for compression in compressions:
+                reason = trial(name, self._stages.units[name], profile.inputs[name], compression)
+                if reason is not None:
+                    reasons[name] = (
+                        reason if compression is None else f"{reason} (at compression {compression})"
+                    )
+                    break
+        profile.inputs.clear()
+        failed = [name in reasons for name in names]
+        if trainer.world_size > 1:
+            flags = trainer.strategy.reduce(
+                torch.tensor(failed, dtype=torch.float32, device=self._device), reduce_op="sum"
+            )
+            failed = [bool(flag > 0) for flag in flags.tolist()]
+        dropped = [name for name, flag in zip(names, failed) if flag]
+        if dropped:
+            details = "; ".join(reasons.get(name, f"{name}: failed on another rank") for name in dropped)
+            rank_zero_warn(
+                f"AdaptiveBandLimit: {len(dropped)} of {len(names)} units are not exact when checkpointed "
+                f"and leave the ladder: {details}"
+            )
+        return dropped
 
     def _units_at(self, rung: int) -> int:
         stages = self._stages.stages if self._stages is not None else None

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from lightning_bandlimit.functional.algorithm import check_algorithm, choose_algorithm
 from lightning_bandlimit.functional.band import SpectralBand
 from lightning_bandlimit.functional.band_projection import projection_plan_for
+from lightning_bandlimit.functional.dft_plan import DFTPlan
 from lightning_bandlimit.functional.geometry import ConvGeometry, IntOrTuple
 from lightning_bandlimit.functional.lean.ops import lean_conv, lean_wanted
 from lightning_bandlimit.functional.lean.sources import Saved, keeps_spectra, lookup, publish
@@ -33,7 +34,7 @@ from lightning_bandlimit.functional.spectral_kernel import (
 )
 from lightning_bandlimit.utils.validation import check_compression
 
-__all__ = ["band_limited_conv", "fft_conv1d", "fft_conv2d"]
+__all__ = ["band_limited_conv", "fft_conv1d", "fft_conv2d", "native_band"]
 
 # A memory-lean layer whose kept input is at most this fraction of its output hands the output on
 # as "recompute me from my input" (a stem): the recompute costs a narrow convolution.
@@ -53,12 +54,15 @@ def band_limited_conv(
     spatial_dims: int,
     memory_lean: bool = False,
     algorithm: str = "auto",
+    grads: tuple[bool, bool] | None = None,
 ) -> tuple[torch.Tensor, SpectralBand]:
     """:func:`fft_conv2d` (``spatial_dims=2``) or :func:`fft_conv1d`, and the band it kept.
 
     The dispatch behind both, for callers that checked ``compression`` and ``algorithm``
     already (the public functions, a band-limited layer's setters): it trusts them. The band is
-    resolved once, in the plan, whichever algorithm runs.
+    resolved once, in the plan, whichever algorithm runs. ``grads``, ``(input, weight)``: whether
+    their gradients will be computed, for the choice of ``algorithm="auto"`` (default: whether
+    autograd records them), for callers below autograd (:mod:`.compile`).
 
     Raises:
         TypeError: if ``input`` or ``weight`` is not a tensor.
@@ -74,7 +78,7 @@ def band_limited_conv(
     geometry = plan.geometry
     compute_dtype, out_dtype = compute_dtypes(batched)
     lean = memory_lean and not unbatched and lean_wanted(batched, weight, bias)
-    if algorithm == "auto" and plan.band.is_full and padding_mode == "zeros" and _symmetric(geometry):
+    if algorithm == "auto" and native_band(plan, padding_mode):
         # The full band is the convolution itself: the native kernel is exact and cheapest.
         pads = tuple(p for p, _ in geometry.pads[2 - spatial_dims :])
         strides, dilations = geometry.stride[2 - spatial_dims :], geometry.dilation[2 - spatial_dims :]
@@ -93,14 +97,10 @@ def band_limited_conv(
         algorithm = "spectral"
     if algorithm == "auto":
         grad = torch.is_grad_enabled()
+        if grads is None:
+            grads = (grad and batched.requires_grad, grad and weight.requires_grad)
         algorithm = choose_algorithm(
-            geometry,
-            plan.band,
-            batched.shape[0],
-            batched.shape[1],
-            weight.shape[0],
-            grad and batched.requires_grad,
-            grad and weight.requires_grad,
+            geometry, plan.band, batched.shape[0], batched.shape[1], weight.shape[0], *grads
         )
     from_input = (
         lean
@@ -162,6 +162,11 @@ def band_limited_conv(
 
 def _symmetric(geometry: ConvGeometry) -> bool:
     return all(before == after for before, after in geometry.pads)
+
+
+def native_band(plan: DFTPlan, padding_mode: str) -> bool:
+    """Whether ``algorithm="auto"`` runs the native convolution: a full band it computes exactly."""
+    return plan.band.is_full and padding_mode == "zeros" and _symmetric(plan.geometry)
 
 
 def fft_conv2d(

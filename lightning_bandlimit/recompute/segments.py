@@ -73,6 +73,13 @@ class Segment:
     def __repr__(self) -> str:
         return f"Segment({type(_base(self.chain)).__name__}[{self.start}:{self.stop}])"
 
+    def __call__(self, input: Any) -> Any:
+        """Run the segment's layers as its chain runs them (checkpointed while it is, in training)."""
+        layers = self.layers()
+        if self.is_checkpointed() and self.training and torch.is_grad_enabled():
+            return checkpoint_call(_Run(layers), (input,), {}, _stats_context(layers), self.name)
+        return _Run(layers)(input)
+
     def layers(self) -> list[nn.Module]:
         """The children in the segment."""
         return list(self.chain)[self.start : self.stop]

@@ -107,8 +107,8 @@ def find_units(model: nn.Module, skip: set[str] | None = None) -> list[tuple[str
     blocks = [(n, m) for n, m in blocks if not any(inside(o, n) for o, _ in blocks)]
     segments: list[tuple[str, Unit]] = []
     for name, module in named:
-        if any(inside(name, b) or inside(b, name) or b == name for b, _ in blocks):
-            continue
+        if any(inside(b, name) or b == name for b, _ in blocks):
+            continue  # a chain of blocks: the blocks are its units
         for start, stop in chain_segments(module):
             label = f"{name}[{start}:{stop}]"
             segments.append((label, Segment(module, start, stop, name=label)))  # type: ignore[arg-type]

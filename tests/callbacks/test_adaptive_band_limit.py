@@ -29,7 +29,8 @@ def _data(n: int = 64) -> SyntheticImageDataModule:
 
 
 def _callback(frees: list[int], **kwargs: object) -> AdaptiveBandLimit:
-    defaults = {**SCRIPTED_ADAPTIVE, "max_compression": 0.9, **kwargs}
+    # the compression's controller: small_cnn's segments would otherwise be exact rungs below it
+    defaults = {**SCRIPTED_ADAPTIVE, "max_compression": 0.9, "levers": ["compression"], **kwargs}
     # frees are thousandths of a 1-GiB device, so the job's learned memory (hundreds of KiB)
     # is on the same scale as the thresholds
     unit = GIB // 1000

@@ -1,0 +1,118 @@
+"""A unit proved exact before the ladder uses it: checkpointed, it gives the gradients it gives plain.
+
+A unit that cannot be recomputed (it mutates what it was called with, reads state its own
+forward changes, or meets an op whose recompute differs) would fail in the middle of a training
+step's backward, hours into a run, or worse, train on wrong gradients. :func:`trial` runs the
+unit twice on a few recorded samples of its real input, plain and checkpointed, with the same
+random numbers, and compares outputs and gradients; the BatchNorm statistics and the unit's
+checkpointing state are left as they were. A failure is returned as a reason, never raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from lightning_bandlimit.layers import BandLimitedConvNd
+from lightning_bandlimit.recompute.running_stats import running_stats_kept
+from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
+
+__all__ = ["trial"]
+
+_SEED = 20231  # any fixed seed: both runs draw the same dropout masks
+
+
+def trial(
+    name: str, unit: Any, args: tuple[Any, ...], compression: float | None = None, rtol: float = 1e-4
+) -> str | None:
+    """Why checkpointing ``unit`` is not exact on ``args``, or ``None`` when it is.
+
+    Args:
+        name: the unit's name, for the reason.
+        unit: a module or a segment (anything :func:`~lightning_bandlimit.checkpointing.checkpoint`
+            takes).
+        args: its positional arguments (recorded samples; tensors that require grad get gradients).
+        compression: run the unit's band-limited layers at this compression for the trial (they
+            are set back afterwards); ``None``: as they are.
+        rtol: the largest difference allowed, relative to the largest magnitude of each tensor.
+
+    Example:
+        >>> from torch import nn
+        >>> block = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1), nn.BatchNorm2d(2), nn.ReLU())
+        >>> trial("block", block, (torch.randn(4, 2, 6, 6, requires_grad=True),)) is None
+        True
+    """
+    was_checkpointed = is_checkpointed(unit)
+    try:
+        with _compression(unit, compression), running_stats_kept(list(unit.modules())):
+            uncheckpoint(unit)
+            try:
+                plain = _run(unit, args)
+            except Exception:  # the recorded samples do not suit the unit plainly: nothing to judge
+                return None
+            checkpoint(unit, name)
+            checkpointed = _run(unit, args)
+    except Exception as error:
+        return f"{name}: checkpointed, it raised {type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    finally:
+        (checkpoint if was_checkpointed else uncheckpoint)(unit)
+    for what, a, b in zip(("output", "gradient"), plain, checkpointed):
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x is None or y is None:
+                if (x is None) != (y is None):
+                    return f"{name}: {what} {i} is missing on one side when checkpointed"
+                continue
+            if x.shape != y.shape:
+                return f"{name}: {what} {i} has shape {tuple(y.shape)} checkpointed, {tuple(x.shape)} plain"
+            scale = x.detach().abs().max().item() if x.numel() else 0.0
+            error = (x - y).abs().max().item() if x.numel() else 0.0
+            if not error <= rtol * max(scale, 1e-12):
+                return f"{name}: checkpointed, its {what} {i} differs by {error:.3g} (scale {scale:.3g})"
+    return None
+
+
+def _run(unit: Any, args: tuple[Any, ...]) -> tuple[list[Any], list[Any]]:
+    inputs = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
+    params = [p for m in unit.modules() for p in m.parameters(recurse=False) if p.requires_grad]
+    devices = sorted({t.device.index or 0 for t in pytree.tree_leaves(args) if _on_cuda(t)})
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(_SEED)
+        # fresh leaves: an in-place op in the unit must not change the recorded samples
+        call = pytree.tree_map_only(
+            torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), args
+        )
+        inputs = [t for t in pytree.tree_leaves(call) if isinstance(t, torch.Tensor) and t.requires_grad]
+        with torch.enable_grad():
+            out = unit(*call)
+    outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    floats = [t for t in outputs if t.is_floating_point() and t.requires_grad]
+    if not floats:
+        return [t.detach() for t in outputs], []
+    generator = torch.Generator(device="cpu").manual_seed(_SEED)
+    weights = [torch.randn(t.shape, generator=generator, dtype=torch.float64).to(t.device) for t in floats]
+    loss = sum((t.double() * w).sum() for t, w in zip(floats, weights))
+    wanted = [*inputs, *params]
+    grads = torch.autograd.grad(loss, wanted, allow_unused=True)
+    return [t.detach() for t in outputs], list(grads)
+
+
+def _on_cuda(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "cuda"
+
+
+@contextlib.contextmanager
+def _compression(unit: Any, compression: float | None) -> Iterator[None]:
+    layers = [m for m in unit.modules() if isinstance(m, BandLimitedConvNd)]
+    saved = [layer.compression for layer in layers]
+    try:
+        if compression is not None:
+            for layer in layers:
+                layer.compression = compression
+        yield
+    finally:
+        for layer, value in zip(layers, saved):
+            layer.compression = value
