@@ -1,0 +1,397 @@
+"""The conformance cells of the model zoo, one function per lever; shared by ``tests/zoo`` and
+``benchmarks/zoo.py``.
+
+Each cell builds its own model (so one failure does not spill into another), raises
+``AssertionError`` when the model does not conform and returns a small dict of what it measured.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from zoo.models import batch, build
+
+from lightning_bandlimit import SavedTensorMeter, bandlimit
+from lightning_bandlimit.checkpointing import CheckpointStages, checkpoint_units
+
+SEED = 1234
+FLOOR = 1.0  # each gradient's error is relative to max(its norm, FLOOR * the norm of all)
+CELLS = (
+    "c0_equals_plain",
+    "c05_step",
+    "rungs_exact_c0",
+    "rungs_exact_c05",
+    "ladder_in_trainer",
+    "bf16",
+    "channels_last",
+    "compile",
+)
+#: the models the ``compile`` cell runs on (torch.compile is slow to warm up on CPU)
+COMPILE_MODELS = ("resnet18", "mobilenet_v3_small", "timm/resnet18")
+#: the models the ``ladder_in_trainer`` cell runs on (a ``fit`` of 15-25 steps each): a ResNet
+#: (the continuum on the top rung), a MobileNet and a timm RegNet (on rung 0)
+LADDER_MODELS = ("resnet18", "mobilenet_v3_small", "timm/regnetx_002")
+
+
+def logits(out: Any) -> torch.Tensor:
+    """The logits of a model's output (Inception's and GoogLeNet's named tuples included)."""
+    return out.logits if hasattr(out, "logits") else out
+
+
+def forward_backward(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, meter: SavedTensorMeter | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded training forward (dropout, stochastic depth) and backward; returns (logits, loss)."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(SEED)
+    if meter is None:
+        out = logits(model(x))
+    else:
+        with meter:
+            out = logits(model(x))
+    loss = F.cross_entropy(out.float(), y)
+    loss.backward()
+    return out.detach(), loss.detach()
+
+
+def grads(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``|a - b| / |b|`` (Frobenius norms), 0 for two zero tensors."""
+    a, b = a.double(), b.double()
+    den = b.norm().item()
+    num = (a - b).norm().item()
+    return num / den if den > 0 else num
+
+
+def assert_close(name: str, a: torch.Tensor, b: torch.Tensor, rtol: float) -> None:
+    err = rel_err(a, b)
+    assert err <= rtol, f"{name}: relative error {err:.3g} > {rtol:g}"
+
+
+def assert_grads_close(
+    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rtol: float, what: str
+) -> float:
+    """Each gradient within ``rtol`` of ``want``'s, relative to the norm of all gradients
+    (:data:`FLOOR`: tiny gradients, such as a convolution's bias before a training-mode
+    BatchNorm, are zero up to round-off); returns the worst error."""
+    missing = sorted(got.keys() ^ want.keys())
+    assert not missing, f"{what}: parameters with gradients differ: {missing[:5]}"
+    total = math.sqrt(sum(g.double().norm().item() ** 2 for g in want.values()))
+    worst = 0.0
+    for n in want:
+        den = max(want[n].double().norm().item(), FLOOR * total)
+        err = (got[n].double() - want[n].double()).norm().item() / den if den > 0 else 0.0
+        worst = max(worst, err)
+        assert err <= rtol, f"{what}: gradient of {n}: relative error {err:.3g} > {rtol:g}"
+    return worst
+
+
+def assert_finite(model: nn.Module, loss: torch.Tensor) -> None:
+    assert torch.isfinite(loss).all(), f"loss {loss}"
+    bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    assert not bad, f"non-finite gradients: {bad[:5]}"
+    assert any(p.grad is not None for p in model.parameters()), "no gradients"
+
+
+#: the relative tolerances per precision: float32 first; a float32 miss is checked again in
+#: float64 (batch-2 BatchNorm amplifies float32 round-off far beyond 1e-5 in deep models)
+TOLERANCES = {torch.float32: 1e-5, torch.float64: 1e-7}
+
+
+def in_float32_else_float64(check: Any, *, rtol64: float | None = None) -> dict[str, Any]:
+    """Run ``check(dtype, rtol)`` in float32; if it fails, again in float64 (whose failure stands)."""
+    try:
+        result = check(torch.float32, TOLERANCES[torch.float32])
+        return {**result, "dtype": "float32"}
+    except AssertionError as error:
+        first = str(error)
+    result = check(torch.float64, rtol64 if rtol64 is not None else TOLERANCES[torch.float64])
+    return {**result, "dtype": "float64", "float32": first}
+
+
+# -- cells -------------------------------------------------------------------------------------
+
+
+def c0_equals_plain(name: str) -> dict[str, Any]:
+    """``bandlimit(model, 0.0)``: the same outputs and gradients as the untouched model."""
+
+    def check(dtype: torch.dtype, rtol: float) -> dict[str, Any]:
+        plain = build(name, dtype)
+        limited = bandlimit(copy.deepcopy(plain), 0.0)
+        x, y = batch(name, dtype=dtype)
+        out_p, _ = forward_backward(plain, x, y)
+        out_b, _ = forward_backward(limited, x, y)
+        assert_close("logits", out_b, out_p, rtol)
+        return {"worst_grad_rel_err": assert_grads_close(grads(limited), grads(plain), rtol, "c=0 vs plain")}
+
+    return in_float32_else_float64(check)
+
+
+def c05_step(name: str) -> dict[str, Any]:
+    """``bandlimit(model, 0.5)`` and one SGD step: finite loss and gradients, parameters move."""
+    model = bandlimit(build(name), 0.5)
+    x, y = batch(name)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    _, loss = forward_backward(model, x, y)
+    assert_finite(model, loss)
+    optimizer.step()
+    moved = sum(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+    assert moved > 0, "no parameter moved"
+    assert all(torch.isfinite(p).all() for p in model.parameters()), "non-finite parameters after the step"
+    return {"loss": loss.item()}
+
+
+def rungs_exact(name: str, compression: float) -> dict[str, Any]:
+    """Every rung (the units of the first ``r`` stages checkpointed) gives the gradients of no
+    checkpointing; at least 2 rungs; the top rung keeps fewer bytes for backward than rung 0."""
+    return in_float32_else_float64(lambda dtype, rtol: _rungs_exact(name, compression, dtype, rtol))
+
+
+def _rungs_exact(name: str, compression: float, dtype: torch.dtype, rtol: float) -> dict[str, Any]:
+    model = bandlimit(build(name, dtype), compression)
+    x, y = batch(name, dtype=dtype)
+    stages = CheckpointStages(checkpoint_units(model))
+    with stages.profile(exclude=model.parameters()) as profile:  # rung 0: nothing checkpointed
+        _, loss = forward_backward(model, x, y)
+    assert torch.isfinite(loss), f"rung 0: loss {loss}"
+    stages.set_stages(profile.stages())
+    top = len(stages.stages or [])
+    assert top >= 2, f"only {top} exact rung(s); stages {stages.stages}"
+    kept = [profile.meter.bytes]
+    reference = grads(model)
+    worst = 0.0
+    for rung in range(1, top + 1):
+        stages.apply(rung)
+        meter = SavedTensorMeter(exclude=model.parameters())
+        _, loss = forward_backward(model, x, y, meter)
+        assert torch.isfinite(loss), f"rung {rung}: loss {loss}"
+        kept.append(meter.bytes)
+        worst = max(worst, assert_grads_close(grads(model), reference, rtol, f"rung {rung} vs rung 0"))
+    stages.apply(0)
+    assert kept[-1] < kept[0], f"top rung keeps {kept[-1]} bytes for backward, rung 0 {kept[0]}"
+    return {"rungs": top, "bytes": kept, "worst_grad_rel_err": worst}
+
+
+def rungs_exact_c0(name: str) -> dict[str, Any]:
+    return rungs_exact(name, 0.0)
+
+
+def rungs_exact_c05(name: str) -> dict[str, Any]:
+    return rungs_exact(name, 0.5)
+
+
+def bf16(name: str) -> dict[str, Any]:
+    """bfloat16 autocast forward and backward at c=0.5: finite."""
+    model = bandlimit(build(name), 0.5)
+    x, y = batch(name)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, loss = forward_backward(model, x, y)
+    assert_finite(model, loss)
+    return {"loss": loss.item()}
+
+
+def channels_last(name: str) -> dict[str, Any]:
+    """Channels-last model and input at c=0.5: the outputs and gradients of the contiguous run
+    (BatchNorm and dropout frozen: see :func:`frozen_batchnorm`)."""
+    return in_float32_else_float64(lambda dtype, _: _channels_last(name, dtype), rtol64=1e-4)
+
+
+def _channels_last(name: str, dtype: torch.dtype, rtol: float = 1e-4) -> dict[str, Any]:
+    x, y = batch(name, dtype=dtype)
+    ref = frozen_batchnorm(bandlimit(build(name, dtype), 0.5))
+    model = frozen_batchnorm(bandlimit(build(name, dtype), 0.5)).to(memory_format=torch.channels_last)
+    out_r, _ = forward_backward(ref, x, y)
+    out_c, loss_c = forward_backward(model, x.to(memory_format=torch.channels_last), y)
+    assert_finite(model, loss_c)
+    assert_close("logits", out_c, out_r, rtol)
+    worst = assert_grads_close(grads(model), grads(ref), rtol, "channels_last vs contiguous")
+    return {"worst_grad_rel_err": worst}
+
+
+def frozen_batchnorm(model: nn.Module) -> nn.Module:
+    """BatchNorm and dropout layers in eval mode, the rest in training mode.
+
+    Training-mode BatchNorm over a batch of 2 at the last stages' 1x1 maps normalises two
+    numbers to +-1: its gradient grows as their difference shrinks, and the same torch model
+    in channels-last and contiguous format differs by up to 60% in float64 (torchvision
+    ``regnet_x_400mf``, no band-limiting). Dropout on a feature map draws its mask in memory
+    order, so the same seed drops other pixels in channels-last format (SqueezeNet at 64x64).
+    Comparisons across memory formats freeze both."""
+    for module in model.modules():
+        if isinstance(module, (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)):
+            module.eval()
+    return model
+
+
+def compile_step(name: str) -> dict[str, Any]:
+    """``torch.compile(backend="aot_eager")`` of the c=0.5 model: eval outputs close to eager,
+    and one training step runs."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    eager = bandlimit(build(name), 0.5)
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="aot_eager")
+    x, y = batch(name)
+    eager.eval(), compiled.eval()
+    with torch.no_grad():
+        want = logits(eager(x))
+        got = logits(compiled(x))
+    assert_close("eval logits", got, want, 1e-4)
+    compiled.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    _, loss = forward_backward(compiled, x, y)
+    assert_finite(model, loss)
+    optimizer.step()
+    return {"loss": loss.item()}
+
+
+# -- the ladder in a Trainer -------------------------------------------------------------------
+
+M = 1_000_000
+TOTAL = 100 * M
+MIN_FREE, RELEASE_FREE = 20 * M, 40 * M
+
+
+CALM = 5  # calm reads first: the profiling step, then rung 0 measured
+
+
+class LadderTrace:
+    """A scripted free-memory trace that walks the ladder: calm, then one byte of pressure after
+    each hold, so every exact rung is climbed one at a time (a hold reading resets the
+    controller's surprise), then the compression, then plenty of room until rung 0 at the floor."""
+
+    def __init__(self) -> None:
+        self.callback: Any = None
+        self.pressure_next = False  # the first read after the calm ones holds at MIN_FREE
+        self.released = False
+
+    def __call__(self, i: int) -> int:
+        cb = self.callback
+        if i < CALM:
+            return (MIN_FREE + RELEASE_FREE) // 2  # calm: the profiling step and rung 0's time
+        if self.released or cb.compression > 0:
+            self.released = True
+            return TOTAL
+        self.pressure_next = not self.pressure_next
+        return MIN_FREE if self.pressure_next else MIN_FREE - 1
+
+
+def ladder_in_trainer(name: str, max_steps: int = 80) -> dict[str, Any]:
+    """``AdaptiveBandLimit`` in a ``Trainer`` driven by :class:`LadderTrace`: every rung
+    visited, the compression raised above 0 and given back to rung 0 at 0, finite loss."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_bandlimit.callbacks import AdaptiveBandLimit
+    from lightning_bandlimit.memory import ScriptedProbe
+
+    class Classifier(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = build(name)
+            self.losses: list[float] = []
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return logits(self.model(x))
+
+        def training_step(self, batch_: Any, _: int) -> torch.Tensor:
+            x, y = batch_
+            loss = F.cross_entropy(self(x), y)
+            self.losses.append(loss.item())
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    class StopWhenBack(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            d = callback.decisions
+            if trace.released and d and d[-1]["rung"] == 0 and d[-1]["compression"] == 0:
+                trainer.should_stop = True
+
+    x, y = batch(name, n=32)
+    loader = DataLoader(TensorDataset(x, y), batch_size=2, shuffle=False)
+    trace = LadderTrace()
+    callback = AdaptiveBandLimit(
+        probe=ScriptedProbe(trace, total=TOTAL),
+        min_free=MIN_FREE,
+        release_free=RELEASE_FREE,
+        check_every_n_steps=1,
+        raise_step=0.3,
+        lower_step=0.1,
+        release_checks=2,
+        cooldown_checks=1,
+    )
+    trace.callback = callback
+    module = Classifier()
+    trainer = pl.Trainer(
+        max_steps=max_steps,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        limit_val_batches=0,
+        callbacks=[callback, StopWhenBack()],
+    )
+    trainer.fit(module, loader)
+    decisions = callback.decisions
+    top = callback.controller.rungs
+    rungs = [d["rung"] for d in decisions]
+    compressions = [d["compression"] for d in decisions]
+    assert top >= 1, f"no exact rungs (controller.rungs={top})"
+    assert set(range(top + 1)) <= set(rungs), f"rungs visited {sorted(set(rungs))} of 0..{top}: {rungs}"
+    assert max(compressions) > 0, f"compression never rose: {compressions}"
+    first_lossy = next(i for i, c in enumerate(compressions) if c > 0)
+    assert max(rungs[:first_lossy]) == top, "the compression rose before the top rung"
+    assert rungs[-1] == 0 and compressions[-1] == 0, (
+        f"not back at rung 0, c=0: {list(zip(rungs, compressions))[-5:]}"
+    )
+    assert module.losses and all(math.isfinite(v) for v in module.losses), f"losses {module.losses}"
+    return {"rungs": top, "steps": len(decisions), "max_compression": max(compressions)}
+
+
+CELL_FUNCTIONS = {
+    "c0_equals_plain": c0_equals_plain,
+    "c05_step": c05_step,
+    "rungs_exact_c0": rungs_exact_c0,
+    "rungs_exact_c05": rungs_exact_c05,
+    "ladder_in_trainer": ladder_in_trainer,
+    "bf16": bf16,
+    "channels_last": channels_last,
+    "compile": compile_step,
+}
+
+
+def applicable(name: str, cell: str) -> bool:
+    """Whether the cell runs on the model (``compile`` and ``ladder_in_trainer`` on a few)."""
+    if cell == "compile":
+        return name in COMPILE_MODELS
+    return cell != "ladder_in_trainer" or name in LADDER_MODELS
+
+
+def cells_for(names: Iterable[str]) -> list[tuple[str, str]]:
+    """The ``(model, cell)`` pairs to run, in model order."""
+    return [(n, c) for n in names for c in CELLS if applicable(n, c)]
+
+
+__all__ = [
+    "CELLS",
+    "CELL_FUNCTIONS",
+    "COMPILE_MODELS",
+    "LADDER_MODELS",
+    "applicable",
+    "cells_for",
+]
