@@ -85,32 +85,11 @@ class BandLimitedConvNd:
     def _conv_forward(
         self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            return self._compiled_conv_forward(input, weight, bias)
-        out, band = band_limited_conv(
-            input,
-            weight,
-            bias,
-            self.stride,  # type: ignore[attr-defined]
-            self.padding,  # type: ignore[attr-defined]
-            self.dilation,  # type: ignore[attr-defined]
-            self.groups,  # type: ignore[attr-defined]
-            self.padding_mode,  # type: ignore[attr-defined]
-            self._compression,
-            len(self.kernel_size),  # type: ignore[attr-defined]
-            self.memory_lean and self.training,  # type: ignore[attr-defined]
-            self._algorithm,
-        )
-        self.achieved_compression = band.compression
-        return out
-
-    def _compiled_conv_forward(
-        self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        if self._compression == 0:  # the full band: the plain convolution, which compiles natively
+        compiling = torch.compiler.is_compiling()
+        if compiling and self._compression == 0:  # the full band: the plain convolution compiles natively
             self._achieved_compression = 0.0
             return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
-        out, achieved = compiled_band_limited_conv(
+        out, achieved = (compiled_band_limited_conv if compiling else band_limited_conv)(
             input,
             weight,
             bias,
@@ -124,7 +103,8 @@ class BandLimitedConvNd:
             self.memory_lean and self.training,  # type: ignore[attr-defined]
             self._algorithm,
         )
-        self._achieved_compression = achieved
+        # compiled: a 0-d tensor (a graph serves every compression); eager: the band kept
+        self._achieved_compression = achieved if compiling else achieved.compression  # type: ignore[union-attr]
         return out
 
     @property

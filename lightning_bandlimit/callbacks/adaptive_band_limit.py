@@ -281,7 +281,8 @@ class AdaptiveBandLimit(BandLimit):
         if self._stages is not None and self._stages.stages is None:
             # The first step runs every unit plainly and measures them: stages and bytes freed.
             self._step_started = None  # a profiling step's time is not a rung's
-            self._profile = self._stages.profile(exclude=pl_module.parameters(), record=TRIAL_SAMPLES)
+            record = TRIAL_SAMPLES if trainer.world_size == 1 else 0  # see _failed_trials
+            self._profile = self._stages.profile(exclude=pl_module.parameters(), record=record)
             self._profile.__enter__()
             return
         # global_step counts optimizer steps: this batch ends at global_step + 1.
@@ -308,9 +309,9 @@ class AdaptiveBandLimit(BandLimit):
             self._meter.__exit__(None, None, None)
             self._job_peak, self._meter = self._meter.bytes, None
 
-    def _finish_profile(self, trainer: pl.Trainer, profile: UnitProfile) -> None:
+    def _finish_profile(self, profile: UnitProfile) -> None:
         assert self._stages is not None
-        failed = self._failed_trials(trainer, profile)
+        failed = self._failed_trials(profile)
         if failed:
             self._stages.remove(failed)
         stages = profile.stages(drop=failed)
@@ -357,7 +358,7 @@ class AdaptiveBandLimit(BandLimit):
         self._stop_meters()  # the step ended without a backward (e.g. skipped)
         if self._profiled is not None:
             profile, self._profiled = self._profiled, None
-            self._finish_profile(trainer, profile)
+            self._finish_profile(profile)
         if self._step_started is not None and self.compression <= self.controller.min_compression:
             message = self.controller.observe_time(self.rung, time.perf_counter() - self._step_started)
             if message is not None:
@@ -435,40 +436,31 @@ class AdaptiveBandLimit(BandLimit):
         self.decisions.append(record)
         log_decision(pl_module, type(self).__name__, record)
 
-    def _failed_trials(self, trainer: pl.Trainer, profile: UnitProfile) -> list[str]:
+    def _failed_trials(self, profile: UnitProfile) -> list[str]:
         """The units that are not exact when checkpointed (:func:`~lightning_bandlimit.recompute.trial.trial`
         on the profile's recorded samples, at the compression now and, when the compression lever
-        may raise it, at a band-limiting one); one warning names them. Single-process runs only."""
+        may raise it, at a band-limiting one); one warning names them. Units without recorded
+        samples (multi-process runs record none: their ranks would have to agree) are not tried."""
         assert self._stages is not None
-        names = list(self._stages.units)
-        if trainer.world_size > 1:
-            # ranks would have to agree on the outcome; not done yet: multi-process runs are not tried
-            profile.inputs.clear()
-            return []
         compressions: list[float | None] = [None]
         if "compression" in self.levers and self.controller.max_compression > self.compression:
             compressions.append(max(self.compression, min(0.5, self.controller.max_compression)))
         reasons: dict[str, str] = {}
-        for name in names:
-            if name not in profile.inputs:
-                continue  # did not run in the profiled step: nothing to try it on
+        for name, args in profile.inputs.items():
             for compression in compressions:
-                reason = trial(name, self._stages.units[name], profile.inputs[name], compression)
+                reason = trial(name, self._stages.units[name], args, compression)
                 if reason is not None:
                     reasons[name] = (
                         reason if compression is None else f"{reason} (at compression {compression})"
                     )
                     break
         profile.inputs.clear()
-        failed = [name in reasons for name in names]
-        dropped = [name for name, flag in zip(names, failed) if flag]
-        if dropped:
-            details = "; ".join(reasons.get(name, f"{name}: failed on another rank") for name in dropped)
+        if reasons:
             rank_zero_warn(
-                f"AdaptiveBandLimit: {len(dropped)} of {len(names)} units are not exact when checkpointed "
-                f"and leave the ladder: {details}"
+                f"AdaptiveBandLimit: {len(reasons)} of {len(self._stages.units)} units are not exact when "
+                f"checkpointed and leave the ladder: {'; '.join(reasons.values())}"
             )
-        return dropped
+        return list(reasons)
 
     def _units_at(self, rung: int) -> int:
         stages = self._stages.stages if self._stages is not None else None

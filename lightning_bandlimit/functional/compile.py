@@ -24,9 +24,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lightning_bandlimit.functional.algorithm import choose_algorithm
 from lightning_bandlimit.functional.band_projection import projection_plan_for
-from lightning_bandlimit.functional.fft_conv import band_limited_conv, native_band
+from lightning_bandlimit.functional.fft_conv import auto_algorithm, band_limited_conv
 from lightning_bandlimit.functional.lean.ops import conv_dtype
 from lightning_bandlimit.functional.spatial_conv import KEEP_COEFFICIENTS, SpatialConvFunction
 from lightning_bandlimit.functional.spectral_kernel import (
@@ -198,11 +197,8 @@ def _conv_backward_op(
             x, w, b, stride, pad, dilation, groups, padding_mode, float(compression), spatial_dims
         )
         geometry = plan.geometry
-        # The algorithm band_limited_conv chose in the forward pass, from the same arguments.
-        if algorithm == "auto" and native_band(plan, padding_mode):
-            algorithm = "native"
-        elif algorithm == "auto":
-            algorithm = choose_algorithm(geometry, plan.band, x.shape[0], x.shape[1], w.shape[0], *grads[:2])
+        if algorithm == "auto":  # the one band_limited_conv chose in the forward pass
+            algorithm = auto_algorithm(plan, padding_mode, x, w, (grads[0], grads[1]))
         mask = (need_x, need_w, need_b)
         if algorithm == "native":
             sd = spatial_dims

@@ -34,7 +34,7 @@ from lightning_bandlimit.functional.spectral_kernel import (
 )
 from lightning_bandlimit.utils.validation import check_compression
 
-__all__ = ["band_limited_conv", "fft_conv1d", "fft_conv2d", "native_band"]
+__all__ = ["auto_algorithm", "band_limited_conv", "fft_conv1d", "fft_conv2d", "native_band"]
 
 # A memory-lean layer whose kept input is at most this fraction of its output hands the output on
 # as "recompute me from my input" (a stem): the recompute costs a narrow convolution.
@@ -78,30 +78,26 @@ def band_limited_conv(
     geometry = plan.geometry
     compute_dtype, out_dtype = compute_dtypes(batched)
     lean = memory_lean and not unbatched and lean_wanted(batched, weight, bias)
-    if algorithm == "auto" and native_band(plan, padding_mode):
-        # The full band is the convolution itself: the native kernel is exact and cheapest.
-        pads = tuple(p for p, _ in geometry.pads[2 - spatial_dims :])
-        strides, dilations = geometry.stride[2 - spatial_dims :], geometry.dilation[2 - spatial_dims :]
-        if lean and lookup(batched) is not None:  # else it would keep the input, as F.conv2d does
-            return lean_conv(batched, weight, bias, strides, pads, dilations, groups), plan.band
-        conv = F.conv1d if spatial_dims == 1 else F.conv2d
-        return conv(input, weight, bias, strides, pads, dilations, groups), plan.band
     found = lookup(batched) if lean else None
     source, tensors = found if found is not None else (None, ())
     out_numel = batched.shape[0] * weight.shape[0] * geometry.out_size[0] * geometry.out_size[1]
     spectrum_numel = 2 * plan.band.kept * batched.shape[0] * weight.shape[0]
     publish_spectrum = lean and spectrum_numel * itemsize(compute_dtype) < out_numel * itemsize(out_dtype)
-    if algorithm == "auto" and publish_spectrum:
+    if algorithm == "auto":
+        if grads is None:
+            grad = torch.is_grad_enabled()
+            grads = (grad and batched.requires_grad, grad and weight.requires_grad)
         # Only the spectral algorithm can hand its output to the next BatchNorm as a spectrum
         # smaller than the output: memory-lean training keeps it there.
-        algorithm = "spectral"
-    if algorithm == "auto":
-        grad = torch.is_grad_enabled()
-        if grads is None:
-            grads = (grad and batched.requires_grad, grad and weight.requires_grad)
-        algorithm = choose_algorithm(
-            geometry, plan.band, batched.shape[0], batched.shape[1], weight.shape[0], *grads
-        )
+        algorithm = auto_algorithm(plan, padding_mode, batched, weight, grads, spectral=publish_spectrum)
+    if algorithm == "native":
+        # The full band is the convolution itself: the native kernel is exact and cheapest.
+        pads = tuple(p for p, _ in geometry.pads[2 - spatial_dims :])
+        strides, dilations = geometry.stride[2 - spatial_dims :], geometry.dilation[2 - spatial_dims :]
+        if found is not None:  # else it would keep the input, as F.conv2d does
+            return lean_conv(batched, weight, bias, strides, pads, dilations, groups), plan.band
+        conv = F.conv1d if spatial_dims == 1 else F.conv2d
+        return conv(input, weight, bias, strides, pads, dilations, groups), plan.band
     from_input = (
         lean
         and algorithm == "spectral"
@@ -167,6 +163,26 @@ def _symmetric(geometry: ConvGeometry) -> bool:
 def native_band(plan: DFTPlan, padding_mode: str) -> bool:
     """Whether ``algorithm="auto"`` runs the native convolution: a full band it computes exactly."""
     return plan.band.is_full and padding_mode == "zeros" and _symmetric(plan.geometry)
+
+
+def auto_algorithm(
+    plan: DFTPlan,
+    padding_mode: str,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    grads: tuple[bool, bool],
+    spectral: bool = False,
+) -> str:
+    """What ``algorithm="auto"`` runs for a batched ``input``: ``"native"`` on a full band it
+    computes exactly, else ``"spectral"`` when ``spectral`` (a memory-lean layer handing its output
+    on as a spectrum), else the cheaper of the two by the cost model
+    (:func:`~lightning_bandlimit.functional.algorithm.choose_algorithm`; ``grads``: whether the
+    input's and the weight's gradients will be computed)."""
+    if native_band(plan, padding_mode):
+        return "native"
+    if spectral:
+        return "spectral"
+    return choose_algorithm(plan.geometry, plan.band, input.shape[0], input.shape[1], weight.shape[0], *grads)
 
 
 def fft_conv2d(

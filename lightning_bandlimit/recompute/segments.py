@@ -23,7 +23,7 @@ from torch.nn.modules import pooling
 from lightning_bandlimit.recompute.arguments import checkpoint_call
 from lightning_bandlimit.recompute.running_stats import running_stats_kept
 
-__all__ = ["POOLS", "Segment", "chain_segments"]
+__all__ = ["POOLS", "Segment", "chain_segments", "own_class"]
 
 #: layers that end a segment (a change of resolution)
 POOLS = (
@@ -63,7 +63,7 @@ class Segment:
     """
 
     def __init__(self, chain: nn.Sequential, start: int, stop: int, name: str | None = None) -> None:
-        if not isinstance(chain, nn.Sequential) or _base(chain).forward is not nn.Sequential.forward:
+        if not isinstance(chain, nn.Sequential) or own_class(chain).forward is not nn.Sequential.forward:
             raise TypeError(f"a segment needs a plain nn.Sequential, got {type(chain).__name__}")
         if not 0 <= start < stop <= len(chain):
             raise ValueError(f"segment [{start}, {stop}) is empty or outside a chain of {len(chain)}")
@@ -71,14 +71,21 @@ class Segment:
         self.name = name if name is not None else repr(self)
 
     def __repr__(self) -> str:
-        return f"Segment({type(_base(self.chain)).__name__}[{self.start}:{self.stop}])"
+        return f"Segment({type(own_class(self.chain)).__name__}[{self.start}:{self.stop}])"
 
     def __call__(self, input: Any) -> Any:
         """Run the segment's layers as its chain runs them (checkpointed while it is, in training)."""
-        layers = self.layers()
         if self.is_checkpointed() and self.training and torch.is_grad_enabled():
-            return checkpoint_call(_Run(layers), (input,), {}, _stats_context(layers), self.name)
-        return _Run(layers)(input)
+            return checkpoint_call(self._run, (input,), {}, self._context, self.name)
+        return self._run(input)
+
+    def _run(self, input: Any) -> Any:
+        for layer in self.layers():
+            input = layer(input)
+        return input
+
+    def _context(self) -> tuple[Any, Any]:
+        return contextlib.nullcontext(), running_stats_kept(list(self.modules()))
 
     def layers(self) -> list[nn.Module]:
         """The children in the segment."""
@@ -113,7 +120,7 @@ class Segment:
         if not isinstance(self.chain, _Segmented):
             self.chain.__class__ = _segmented_class(type(self.chain))
             self.chain._checkpointed_segments = {}  # type: ignore[assignment]
-        self.chain._checkpointed_segments[(self.start, self.stop)] = self.name  # type: ignore[index]
+        self.chain._checkpointed_segments[(self.start, self.stop)] = self  # type: ignore[index]
 
     def uncheckpoint(self) -> None:
         """The exact inverse of :meth:`checkpoint`."""
@@ -127,47 +134,27 @@ class Segment:
 
 
 class _Segmented:
-    """Mixin of the segmented chains: runs the checkpointed ranges under ``torch.utils.checkpoint``."""
+    """Mixin of the segmented chains: the checkpointed segments run themselves (:meth:`Segment.__call__`)."""
 
     _base_class: type[nn.Sequential]
-    _checkpointed_segments: dict[tuple[int, int], str]
+    _checkpointed_segments: dict[tuple[int, int], Segment]
 
     def forward(self, input: Any) -> Any:
         chain: Any = self
         if not (chain.training and torch.is_grad_enabled()):
             return super().forward(input)  # type: ignore[misc]
         layers = list(chain)
-        stops = {start: (stop, name) for (start, stop), name in self._checkpointed_segments.items()}
+        starts = {segment.start: segment for segment in self._checkpointed_segments.values()}
         i = 0
         while i < len(layers):
-            if i not in stops:
+            segment = starts.get(i)
+            if segment is None:
                 input = layers[i](input)
                 i += 1
-                continue
-            stop, name = stops[i]
-            run = _Run(layers[i:stop])
-            context_fn = _stats_context(run.layers)
-            input = checkpoint_call(run, (input,), {}, context_fn, name)
-            i = stop
+            else:
+                input = segment(input)
+                i = segment.stop
         return input
-
-
-class _Run:
-    def __init__(self, layers: list[nn.Module]) -> None:
-        self.layers = layers
-
-    def __call__(self, input: Any) -> Any:
-        for layer in self.layers:
-            input = layer(input)
-        return input
-
-
-def _stats_context(layers: list[nn.Module]) -> Callable[[], tuple[Any, Any]]:
-    def context_fn() -> tuple[Any, Any]:
-        modules = [m for layer in layers for m in layer.modules()]
-        return contextlib.nullcontext(), running_stats_kept(modules)
-
-    return context_fn
 
 
 _SUBCLASSES: dict[type[nn.Module], type[nn.Module]] = {}
@@ -182,8 +169,9 @@ def _segmented_class(cls: type[nn.Module]) -> type[nn.Module]:
     return sub
 
 
-def _base(module: nn.Module) -> type[nn.Module]:
-    return module._base_class if isinstance(module, _Segmented) else type(module)  # type: ignore[attr-defined]
+def own_class(module: nn.Module) -> type[nn.Module]:
+    """The module's own class, under a checkpointing or segmenting subclass (``_base_class``)."""
+    return getattr(type(module), "_base_class", type(module))
 
 
 def _has_spatial_conv(modules: list[nn.Module]) -> bool:
@@ -204,7 +192,7 @@ def chain_segments(chain: nn.Module) -> list[tuple[int, int]]:
         >>> chain_segments(nn.Sequential(nn.Conv2d(1, 1, 3), nn.ReLU()))
         []
     """
-    if not isinstance(chain, nn.Sequential) or _base(chain).forward is not nn.Sequential.forward:
+    if not isinstance(chain, nn.Sequential) or own_class(chain).forward is not nn.Sequential.forward:
         return []
     layers = list(chain)
     ranges, start = [], 0

@@ -17,11 +17,10 @@ from torch import nn
 from lightning_bandlimit.recompute.arguments import checkpoint_call
 from lightning_bandlimit.recompute.running_stats import running_stats_kept
 from lightning_bandlimit.recompute.segments import Segment
+from lightning_bandlimit.recompute.units import Unit
 from lightning_bandlimit.spectral_checkpoint import checkpoint_from_spectrum
 
 __all__ = ["checkpoint", "is_checkpointed", "uncheckpoint"]
-
-Unit = nn.Module | Segment
 
 
 class _Checkpointed:
@@ -33,8 +32,7 @@ class _Checkpointed:
         base_forward = super().forward  # type: ignore[misc]
         if not (self.training and torch.is_grad_enabled()):  # type: ignore[attr-defined]
             return base_forward(*args, **kwargs)
-        modules = list(self.modules())  # type: ignore[attr-defined]
-        context_fn = lambda: (contextlib.nullcontext(), running_stats_kept(modules))  # noqa: E731
+        context_fn = lambda: (contextlib.nullcontext(), running_stats_kept(self.modules()))  # type: ignore[attr-defined]  # noqa: E731
         kept_spectrum, out = checkpoint_from_spectrum(self, args, kwargs, context_fn)  # type: ignore[arg-type]
         if kept_spectrum:
             return out

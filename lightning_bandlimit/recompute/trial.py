@@ -76,7 +76,6 @@ def trial(
 
 
 def _run(unit: Any, args: tuple[Any, ...]) -> tuple[list[Any], list[Any]]:
-    inputs = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor) and t.requires_grad]
     params = [p for m in unit.modules() for p in m.parameters(recurse=False) if p.requires_grad]
     devices = sorted({t.device.index or 0 for t in pytree.tree_leaves(args) if _on_cuda(t)})
     with torch.random.fork_rng(devices=devices):

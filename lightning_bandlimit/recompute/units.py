@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from lightning_bandlimit.recompute.segments import Segment, chain_segments
+from lightning_bandlimit.recompute.segments import Segment, chain_segments, own_class
 
-__all__ = ["SELF_CHECKPOINTING", "UNIT_CLASSES", "Unit", "find_units", "unit_class"]
+__all__ = ["SELF_CHECKPOINTING", "UNIT_CLASSES", "Unit", "find_units"]
 
 Unit = nn.Module | Segment
 
@@ -44,11 +44,6 @@ _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
-def unit_class(module: nn.Module) -> type[nn.Module]:
-    """The module's own class, under any checkpointing subclass."""
-    return getattr(type(module), "_base_class", type(module))
-
-
 def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -58,7 +53,7 @@ def _is_spatial(m: nn.Module) -> bool:
 
 
 def _matches_rule(module: nn.Module) -> bool:
-    cls = unit_class(module)
+    cls = own_class(module)
     if issubclass(cls, _CONTAINERS) or issubclass(cls, (*_CONVS, nn.Linear)):
         return False
     if next(module.children(), None) is None:
@@ -71,12 +66,11 @@ def _self_checkpointing(module: nn.Module) -> bool:
     return any(getattr(module, attribute, False) is True for attribute in SELF_CHECKPOINTING)
 
 
-def find_units(model: nn.Module, skip: set[str] | None = None) -> list[tuple[str, Unit]]:
+def find_units(model: nn.Module) -> list[tuple[str, Unit]]:
     """The units of ``model`` by the rule and the data above, in module order.
 
     Args:
         model: the model (never a unit itself).
-        skip: qualified names of modules to leave out, with everything inside them.
 
     Example:
         >>> import torchvision
@@ -86,7 +80,7 @@ def find_units(model: nn.Module, skip: set[str] | None = None) -> list[tuple[str
         >>> [n for n, _ in find_units(torchvision.models.regnet_y_400mf())][:2]
         ['trunk_output.block1.block1-0', 'trunk_output.block2.block2-0']
     """
-    skip = set(skip or ())
+    skip: list[str] = []  # modules that checkpoint themselves, with everything inside them
     named = []
     for name, module in model.named_modules():
         if not name:
@@ -94,15 +88,15 @@ def find_units(model: nn.Module, skip: set[str] | None = None) -> list[tuple[str
         if any(name == s or name.startswith(s + ".") for s in skip):
             continue
         if _self_checkpointing(module):
-            skip.add(name)
+            skip.append(name)
             continue
         named.append((name, module))
     inside = lambda name, outer: name.startswith(outer + ".")  # noqa: E731
-    listed = [(n, m) for n, m in named if _qualified(unit_class(m)) in UNIT_CLASSES]
+    listed = {n for n, m in named if _qualified(own_class(m)) in UNIT_CLASSES}
     blocks = [
         (n, m)
         for n, m in named
-        if (n, m) in listed or (_matches_rule(m) and not any(inside(n, o) for o, _ in listed))
+        if n in listed or (_matches_rule(m) and not any(inside(n, o) for o in listed))
     ]
     blocks = [(n, m) for n, m in blocks if not any(inside(o, n) for o, _ in blocks)]
     segments: list[tuple[str, Unit]] = []
@@ -119,8 +113,7 @@ def find_units(model: nn.Module, skip: set[str] | None = None) -> list[tuple[str
     whole = [n for n, u in units if spatial and spatial <= {id(m) for m in u.modules() if _is_spatial(m)}]
     order = {name: i for i, (name, _) in enumerate(model.named_modules())}
     units = [(n, u) for n, u in units if n not in whole]
-    return sorted(units, key=lambda nu: order.get(nu[0].split("[")[0], 0) + _offset(nu[1]))
-
-
-def _offset(unit: Unit) -> float:
-    return unit.start / 1000 if isinstance(unit, Segment) else 0.0
+    # a segment sorts at its chain's place, by its first layer
+    return sorted(
+        units, key=lambda nu: (order[nu[0].split("[")[0]], nu[1].start if isinstance(nu[1], Segment) else -1)
+    )

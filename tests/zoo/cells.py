@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer
 from torch import nn
 from zoo.models import batch, build
 
@@ -323,29 +324,13 @@ def ladder_in_trainer(name: str, max_steps: int = 80) -> dict[str, Any]:
     x, y = batch(name, n=32)
     loader = DataLoader(TensorDataset(x, y), batch_size=2, shuffle=False)
     trace = LadderTrace()
+    thresholds = {"min_free": MIN_FREE, "release_free": RELEASE_FREE}
     callback = AdaptiveBandLimit(
-        probe=ScriptedProbe(trace, total=TOTAL),
-        min_free=MIN_FREE,
-        release_free=RELEASE_FREE,
-        check_every_n_steps=1,
-        raise_step=0.3,
-        lower_step=0.1,
-        release_checks=2,
-        cooldown_checks=1,
+        probe=ScriptedProbe(trace, total=TOTAL), **{**SCRIPTED_ADAPTIVE, **thresholds}
     )
     trace.callback = callback
     module = Classifier()
-    trainer = pl.Trainer(
-        max_steps=max_steps,
-        max_epochs=-1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        limit_val_batches=0,
-        callbacks=[callback, StopWhenBack()],
-    )
+    trainer = cpu_trainer([callback, StopWhenBack()], max_steps=max_steps, max_epochs=-1, limit_val_batches=0)
     trainer.fit(module, loader)
     decisions = callback.decisions
     top = callback.controller.rungs
