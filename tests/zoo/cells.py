@@ -1,5 +1,5 @@
 """The conformance cells of the model zoo, one function per lever; shared by ``tests/zoo`` and
-``benchmarks/zoo.py``.
+``benchmarks/zoo_matrix.py``.
 
 Each cell builds its own model (so one failure does not spill into another), raises
 ``AssertionError`` when the model does not conform and returns a small dict of what it measured.

@@ -4,7 +4,7 @@ exact and the top one keeps less, ``AdaptiveBandLimit`` walks the whole ladder i
 bfloat16 autocast, channels-last and ``torch.compile``.
 
 Known failures are listed in :data:`KNOWN` (strict ``xfail``: a fix makes them pass loudly).
-Run alone with ``pytest -m zoo``; ``benchmarks/zoo.py`` prints the same cells as a matrix.
+Run alone with ``pytest -m zoo``; ``benchmarks/zoo_matrix.py`` prints the same cells as a matrix.
 """
 
 from __future__ import annotations

@@ -16,9 +16,9 @@ models grouped by family:
 The failures' errors follow the table; everything goes to ``benchmarks/results/zoo.json``.
 Torch runs on ``--threads`` threads (default 1, as the tests).
 
-    .venv/bin/python benchmarks/zoo.py                               # every model, ~5 minutes on 2 cores
-    .venv/bin/python benchmarks/zoo.py --models resnet18,timm/ --size 64
-    .venv/bin/python benchmarks/zoo.py --models mobilenet --cells c05_step,bf16 --no-timing
+    .venv/bin/python benchmarks/zoo_matrix.py                          # every model, ~5 minutes on 2 cores
+    .venv/bin/python benchmarks/zoo_matrix.py --models resnet18,timm/ --size 64
+    .venv/bin/python benchmarks/zoo_matrix.py --models mobilenet --cells c05_step,bf16 --no-timing
 """
 
 from __future__ import annotations
@@ -40,8 +40,6 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS = REPO_ROOT / "benchmarks" / "results"
-# this script's folder first on the path would make ``zoo`` this script: tests/zoo instead
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 sys.path.insert(0, str(REPO_ROOT))
 
