@@ -24,6 +24,8 @@ MIB = 2**20
 
 
 def test_resident_and_peak_follow_a_touched_allocation() -> None:
+    # Free heap memory left resident by earlier tests would serve the allocation below unseen.
+    release_cached_memory(torch.device("cpu"))
     assert reset_peak_resident()
     before = resident_bytes()
     block = np.ones(64 * MIB // 8)  # touched: resident
@@ -91,6 +93,7 @@ def _trainer(tmp_path: Path, callbacks: list[pl.Callback], steps: int) -> pl.Tra
 
 @pytest.mark.slow
 def test_shared_budget_moves_the_cotenant_measures_each_step_and_counts_overdrafts(tmp_path: Path) -> None:
+    release_cached_memory(torch.device("cpu"))  # as above: the job's steps allocate anew
     trace = RampTrace(low=0, high=64 * MIB, start=0.25, ramp=0.25, leave=0.75)
     shared = SharedBudget(budget=None, trace=trace)
     _trainer(tmp_path, [shared], steps=8).fit(
