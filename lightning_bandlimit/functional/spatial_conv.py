@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from lightning_bandlimit.functional.autocast import autocast_off
 from lightning_bandlimit.functional.band_projection import (
     ProjectionPlan,
     band_input,
@@ -72,6 +73,7 @@ class SpatialConvFunction(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @autocast_off
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         plan: ProjectionPlan = ctx.plan
         weight, *kept = ctx.saved_tensors

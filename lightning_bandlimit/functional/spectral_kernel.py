@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
+from lightning_bandlimit.functional.autocast import autocast_off
 from lightning_bandlimit.functional.band import quantised_band
 from lightning_bandlimit.functional.dft_plan import (
     DFTPlan,
@@ -358,6 +359,7 @@ class FFTConvFunction(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @autocast_off
     def backward(ctx, grad_out: torch.Tensor, _: torch.Tensor):  # type: ignore[override]
         plan: DFTPlan = ctx.plan
         spatial_dims = ctx.spatial_dims
@@ -458,6 +460,7 @@ class _Analyse(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @autocast_off
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         plan: DFTPlan = ctx.plan
         gx = analysis_adjoint(grad.contiguous(), plan)
@@ -485,6 +488,7 @@ class _SpectralConv(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @autocast_off
     def backward(ctx, grad_out: torch.Tensor, _: torch.Tensor):  # type: ignore[override]
         plan: DFTPlan = ctx.plan
         weight, x_spec = ctx.saved_tensors

@@ -776,3 +776,32 @@ def test_cuda_exact_and_autocast():
         assert_rel_close(out.float(), reference, 5e-3, "cuda autocast fp16")
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@pytest.mark.parametrize("algorithm", ["spectral", "spatial", "auto"])
+@pytest.mark.parametrize("groups", [1, 2, 4])
+@pytest.mark.parametrize("memory_lean", [False, True])
+def test_backward_inside_autocast(algorithm, groups, memory_lean):
+    """``loss.backward()`` called inside the autocast region (as users of plain PyTorch do): the
+    backwards compute in float32 as they chose, not in autocast's dtype (grouped and depthwise
+    convolutions failed with an ``out=`` dtype error). Compared with the backward outside."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 4, 12, 11, generator=g)
+    w, b = torch.randn(4, 4 // groups, 3, 3, generator=g), torch.randn(4, generator=g)
+    grads = []
+    for inside in (True, False):
+        xi, wi, bi = (t.clone().requires_grad_(True) for t in (x, w, b))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fft_conv2d(
+                xi, wi, bi, padding=1, groups=groups, compression=0.5,
+                memory_lean=memory_lean, algorithm=algorithm,
+            )  # fmt: skip
+            loss = out.float().square().sum()
+            if inside:
+                loss.backward()
+        if not inside:
+            loss.backward()
+        grads.append((xi.grad, wi.grad, bi.grad))
+    for name, inside, outside in zip("xwb", *grads):
+        assert inside.dtype == torch.float32
+        assert_rel_close(inside, outside, 1e-6, f"grad {name} inside vs outside autocast")

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from lightning_bandlimit.functional.autocast import autocast_off
 from lightning_bandlimit.functional.lean.sources import (
     Affine,
     Relu,
@@ -143,6 +144,7 @@ class ReluFunction(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @autocast_off
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         (packed,) = ctx.saved_tensors
         per_sample = math.prod(ctx.shape[1:])
@@ -238,6 +240,7 @@ class BatchNormFunction(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @autocast_off
     def backward(ctx, grad: torch.Tensor, *_: torch.Tensor):  # type: ignore[override]
         weight, mean, invstd, *kept = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
@@ -351,6 +354,7 @@ class MaxPool2dFunction(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @autocast_off
     def backward(ctx, grad):  # type: ignore[override]
         (offsets,) = ctx.saved_tensors
         shape, kernel, stride, padding, dilation = ctx.geometry
@@ -497,6 +501,7 @@ class _NativeConv(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @autocast_off
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         weight, *kept = ctx.saved_tensors
         stride, padding, dilation, groups, subsample = ctx.args
