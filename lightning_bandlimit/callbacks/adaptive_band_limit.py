@@ -281,8 +281,7 @@ class AdaptiveBandLimit(BandLimit):
         if self._stages is not None and self._stages.stages is None:
             # The first step runs every unit plainly and measures them: stages and bytes freed.
             self._step_started = None  # a profiling step's time is not a rung's
-            record = TRIAL_SAMPLES if trainer.world_size == 1 else 0  # see _failed_trials
-            self._profile = self._stages.profile(exclude=pl_module.parameters(), record=record)
+            self._profile = self._stages.profile(exclude=pl_module.parameters(), record=TRIAL_SAMPLES)
             self._profile.__enter__()
             return
         # global_step counts optimizer steps: this batch ends at global_step + 1.
@@ -309,9 +308,9 @@ class AdaptiveBandLimit(BandLimit):
             self._meter.__exit__(None, None, None)
             self._job_peak, self._meter = self._meter.bytes, None
 
-    def _finish_profile(self, profile: UnitProfile) -> None:
+    def _finish_profile(self, profile: UnitProfile, world_size: int = 1) -> None:
         assert self._stages is not None
-        failed = self._failed_trials(profile)
+        failed = self._failed_trials(profile, world_size)
         if failed:
             self._stages.remove(failed)
         stages = profile.stages(drop=failed)
@@ -358,7 +357,7 @@ class AdaptiveBandLimit(BandLimit):
         self._stop_meters()  # the step ended without a backward (e.g. skipped)
         if self._profiled is not None:
             profile, self._profiled = self._profiled, None
-            self._finish_profile(profile)
+            self._finish_profile(profile, trainer.world_size)
         if self._step_started is not None and self.compression <= self.controller.min_compression:
             message = self.controller.observe_time(self.rung, time.perf_counter() - self._step_started)
             if message is not None:
@@ -436,11 +435,12 @@ class AdaptiveBandLimit(BandLimit):
         self.decisions.append(record)
         log_decision(pl_module, type(self).__name__, record)
 
-    def _failed_trials(self, profile: UnitProfile) -> list[str]:
+    def _failed_trials(self, profile: UnitProfile, world_size: int = 1) -> list[str]:
         """The units that are not exact when checkpointed (:func:`~lightning_bandlimit.recompute.trial.trial`
         on the profile's recorded samples, at the compression now and, when the compression lever
-        may raise it, at a band-limiting one); one warning names them. Units without recorded
-        samples (multi-process runs record none: their ranks would have to agree) are not tried."""
+        may raise it, at a band-limiting one); one warning names them. Under DDP a unit that fails
+        on any rank leaves the ladder on every rank (the ranks' units may differ: names are
+        gathered, one collective)."""
         assert self._stages is not None
         compressions: list[float | None] = [None]
         if "compression" in self.levers and self.controller.max_compression > self.compression:
@@ -455,6 +455,12 @@ class AdaptiveBandLimit(BandLimit):
                     )
                     break
         profile.inputs.clear()
+        if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            gathered: list[list[str] | None] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, sorted(reasons))
+            for name in sorted({n for names in gathered for n in names or ()} - set(reasons)):
+                if name in self._stages.units:
+                    reasons[name] = f"{name}: not exact when checkpointed on another rank"
         if reasons:
             rank_zero_warn(
                 f"AdaptiveBandLimit: {len(reasons)} of {len(self._stages.units)} units are not exact when "

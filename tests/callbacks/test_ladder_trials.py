@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import lightning.pytorch as pl
+import pytest
 import torch
 import torchvision
-from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer
+from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer, run_ddp_script
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -89,3 +91,12 @@ def test_densenet_climbs_to_its_top_rung_and_back() -> None:
     cpu_trainer([callback], max_steps=12, limit_val_batches=0).fit(_Module(net), _data(32, 48))
     rungs = [d["rung"] for d in callback.decisions]
     assert max(rungs) == 4 and rungs[-1] == 0  # 4 stages: the dense blocks
+
+
+@pytest.mark.slow
+def test_ddp_a_unit_failing_on_one_rank_leaves_the_ladder_on_every_rank(tmp_path: Path) -> None:
+    ranks = run_ddp_script(Path(__file__).with_name("ddp_trials_script.py"), tmp_path)
+    assert ranks[0]["steps"] == ranks[1]["steps"] == 6  # trained to the end, no hang
+    assert ranks[0]["stages"] == ranks[1]["stages"] and ranks[0]["stages"]
+    assert "net.2" not in [name for stage in ranks[0]["stages"] for name in stage]
+    assert ranks[0]["timeline"] == ranks[1]["timeline"]

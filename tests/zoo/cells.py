@@ -18,7 +18,7 @@ from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer
 from torch import nn
 from zoo.models import batch, build
 
-from lightning_bandlimit import SavedTensorMeter, bandlimit
+from lightning_bandlimit import SavedTensorMeter, bandlimit, set_compression
 from lightning_bandlimit.checkpointing import CheckpointStages, checkpoint_units
 
 SEED = 1234
@@ -34,10 +34,12 @@ CELLS = (
     "compile",
 )
 #: the models the ``compile`` cell runs on (torch.compile is slow to warm up on CPU)
-COMPILE_MODELS = ("resnet18", "mobilenet_v3_small", "timm/resnet18")
+COMPILE_MODELS = ("resnet50", "mobilenet_v3_small", "timm/resnet18")
+#: the compile cell's models that also train on at other compressions, counting recompiles
+RECOMPILE_MODELS = ("resnet50",)
 #: the models the ``ladder_in_trainer`` cell runs on (a ``fit`` of 15-25 steps each): a ResNet
 #: (the continuum on the top rung), a MobileNet and a timm RegNet (on rung 0)
-LADDER_MODELS = ("resnet18", "mobilenet_v3_small", "timm/regnetx_002")
+LADDER_MODELS = ("resnet18", "vgg11_bn", "densenet121", "mobilenet_v3_small", "timm/regnetx_002")
 
 
 def logits(out: Any) -> torch.Tensor:
@@ -236,13 +238,16 @@ def frozen_batchnorm(model: nn.Module) -> nn.Module:
 
 def compile_step(name: str) -> dict[str, Any]:
     """``torch.compile(backend="aot_eager")`` of the c=0.5 model: eval outputs close to eager,
-    and one training step runs."""
+    and one training step runs; on :data:`RECOMPILE_MODELS`, training on at other compressions
+    (0.3, 0.7, 0.5, 0) costs at most one recompile per compression level visited."""
     import torch._dynamo
+    import torch._dynamo.testing
 
     torch._dynamo.reset()
     eager = bandlimit(build(name), 0.5)
     model = copy.deepcopy(eager)
-    compiled = torch.compile(model, backend="aot_eager")
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter)
     x, y = batch(name)
     eager.eval(), compiled.eval()
     with torch.no_grad():
@@ -254,7 +259,17 @@ def compile_step(name: str) -> dict[str, Any]:
     _, loss = forward_backward(compiled, x, y)
     assert_finite(model, loss)
     optimizer.step()
-    return {"loss": loss.item()}
+    first = counter.frame_count
+    levels = (0.3, 0.7, 0.5, 0.0) if name in RECOMPILE_MODELS else ()
+    for compression in levels:
+        set_compression(model, compression)
+        optimizer.zero_grad()
+        _, loss = forward_backward(compiled, x, y)
+        assert_finite(model, loss)
+        optimizer.step()
+    recompiles = counter.frame_count - first
+    assert recompiles <= len(set(levels)), f"{recompiles} recompiles over compressions {levels}"
+    return {"loss": loss.item(), "recompiles": recompiles if levels else None}
 
 
 # -- the ladder in a Trainer -------------------------------------------------------------------
@@ -376,6 +391,7 @@ __all__ = [
     "CELLS",
     "CELL_FUNCTIONS",
     "COMPILE_MODELS",
+    "RECOMPILE_MODELS",
     "LADDER_MODELS",
     "applicable",
     "cells_for",
