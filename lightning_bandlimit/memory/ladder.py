@@ -21,15 +21,21 @@ at the setting it ran with, with the same thresholds, hysteresis and cooldown as
 :class:`~lightning_bandlimit.memory.controller.CompressionController`:
 
 * **Pressure** (free below ``min_free``): the least lossy setting predicted to free the missing
-  bytes plus the *surprise* (how far free memory fell short of the previous prediction). A
-  rung's memory is predicted from what the job measured on it, else from the nearest measured
-  rung and the bytes each stage frees (:meth:`LadderController.set_stage_savings`, measured
-  once by the callback). A rung that cannot be predicted is passed over for the top rung at
-  once: exact, and the most any rung frees. Beyond the top rung the least compression its
-  learned memory-versus-compression model predicts to fit; with no model yet, on the top rung
-  one ``raise_step`` more, on rung 0 ``max_compression`` (only a large compression is sure to
-  free more than the top rung did), given back at the next release as far as the model then
-  learned allows.
+  bytes (plus the *surprise*: how much more the job measured at the setting it changed to than
+  it had predicted there; memory other jobs took while it held is the deficit, never surprise;
+  plus the *trend*: others' growth seen over each of the last two checks the job held its
+  setting, expected once more, so a sustained ramp is met ahead and a single jump is not
+  counted twice).
+  A rung's memory is what the job measured on it at the step's peak; a rung not visited yet is
+  predicted conservatively, as freeing nothing over the measured rung below it. When a rung
+  that was not visited could be the one that fits, the top rung is taken at once: exact, and
+  the most any rung frees. Beyond the top rung the least compression its learned
+  memory-versus-compression model predicts to fit, and only one predicted to need less than
+  every smaller compression (a compression that costs memory is never picked); with no model
+  yet, on the top rung one ``raise_step`` more, on rung 0 ``max_compression`` (only a large
+  compression is sure to free more than the top rung did), and after a raise measured not to
+  lower memory, ``max_compression`` at once (never a second step into the unknown), given
+  back at the next release as far as the model then learned allows.
 * **Hold** between ``min_free`` and ``release_free``.
 * **Release** (``release_checks`` calm checks and a cooldown): the lossy part first (to the
   fastest exact rung predicted to keep ``release_free`` free, else to the least compression
@@ -41,7 +47,8 @@ rung 0) and every rung above it leave the ladder; the continuum then starts belo
 measured to free less than a quarter of what its stages keep for backward (the step's peak
 lies elsewhere: on the quickstart model checkpointing stages 3-4 after 1-2 frees nothing at the
 peak, at any compression) leaves the ladder the same way, with the rungs above it: it would
-cost recompute time and free nothing.
+cost recompute time and free nothing. (The stages' saved bytes, :meth:`set_stage_savings`,
+serve only this judgement; they predict nothing: the peak is not where they are kept.)
 With ``rungs=0`` the ladder is the compression continuum alone.
 """
 
@@ -83,6 +90,14 @@ class LadderDecision:
         return Setting(self.rung, self.compression)
 
 
+def _saved_value(value: tuple[Setting, float] | None) -> list[float] | None:
+    return None if value is None else [value[0].rung, value[0].compression, value[1]]
+
+
+def _setting_value(saved: list[float] | None) -> tuple[Setting, float] | None:
+    return None if saved is None else (Setting(int(saved[0]), float(saved[1])), float(saved[2]))
+
+
 class LadderController:
     """Maps memory readings to ladder settings (see the module docstring).
 
@@ -108,10 +123,12 @@ class LadderController:
     Example:
         >>> from lightning_bandlimit.memory.probes import MemoryReading
         >>> ladder = LadderController(rungs=2, min_free=100, release_free=300)
-        >>> ladder.set_stage_savings([400, 200])
         >>> ladder.observe(Setting(0, 0.0), 1000)
         >>> short = MemoryReading(total=2000, free=50, source="scripted")  # 50 bytes short (+10 %)
-        >>> ladder.decide(short, Setting(0, 0.0))
+        >>> ladder.decide(short, Setting(0, 0.0))  # no rung visited yet: the top one, exact
+        LadderDecision(rung=2, compression=0.0, reason='raise', free=50, threshold=100)
+        >>> ladder.observe(Setting(2, 0.0), 600); ladder.observe(Setting(1, 0.0), 900)
+        >>> ladder.decide(short, Setting(0, 0.0))  # rung 1 measured to free 100: enough
         LadderDecision(rung=1, compression=0.0, reason='raise', free=50, threshold=100)
     """
 
@@ -161,7 +178,9 @@ class LadderController:
         self.oom_floor = self.min_compression
         self._calm = 0
         self._since_change = cooldown_checks
-        self._expected_free: float | None = None
+        self._expected: tuple[Setting, float] | None = None  # a change's target and predicted peak
+        self._last: tuple[Setting, float] | None = None  # the last check's setting and free bytes
+        self._growth: list[float | None] = [None, None]  # others' growth over the last two checks
 
     # -- what the job tells the controller -------------------------------------------------
 
@@ -220,22 +239,26 @@ class LadderController:
         return message
 
     def _drop_idle_rungs(self, rung: int) -> str | None:
+        """Judge each measured rung against the measured rung just below it (a jump over
+        several rungs says nothing of each stage); the lowest idle one leaves, with those above."""
         points = self.rung_memory.points
-        below = [r for r in points if r < rung]
-        if not below or self.stage_savings is None or rung > self.top:
+        if self.stage_savings is None or rung > self.top:
             return None
-        lower = int(max(below))
-        kept = self._saved(rung) - self._saved(lower)
-        freed = points[lower] - points[rung]
-        if kept <= 0 or freed >= 0.25 * kept:
-            return None
-        self._lower_top(lower)
-        rungs = f"rung {rung}" if rung == lower + 1 else f"rungs {lower + 1}-{rung}"
-        freed_text = f"freed {freed / 2**20:.1f} MiB" if freed > 0 else "freed nothing"
-        return (
-            f"{rungs} {freed_text} at the step's peak over rung {lower}, for {kept / 2**20:.1f} MiB "
-            f"their stages keep for backward; the ladder's top rung is now {lower}"
-        )
+        for upper in range(1, self.top + 1):
+            lower = upper - 1
+            if upper not in points or lower not in points:
+                continue
+            kept = self._saved(upper) - self._saved(lower)
+            freed = points[lower] - points[upper]
+            if kept <= 0 or freed >= 0.25 * kept:
+                continue
+            self._lower_top(lower)
+            freed_text = f"freed {freed / 2**20:.1f} MiB" if freed > 0 else "freed nothing"
+            return (
+                f"rung {upper} {freed_text} at the step's peak over rung {lower}, for {kept / 2**20:.1f} "
+                f"MiB its stage keeps for backward; the ladder's top rung is now {lower}"
+            )
+        return None
 
     def _lower_top(self, top: int) -> None:
         self.top = top
@@ -271,14 +294,14 @@ class LadderController:
         return sum(self.stage_savings[:rung]) if self.stage_savings else 0.0
 
     def predict_rung(self, rung: int) -> float | None:
-        """Predicted peak on ``rung`` at the floor compression; ``None`` if unknown."""
+        """Predicted peak on ``rung`` at the floor compression: measured there, else
+        conservatively that of the highest measured rung below it (freeing nothing more);
+        ``None`` if no rung at or below it was measured."""
         points = self.rung_memory.points
         if rung in points:
             return points[rung]
-        if not points or self.stage_savings is None:
-            return None
-        nearest = min(points, key=lambda r: abs(r - rung))
-        return points[nearest] - (self._saved(rung) - self._saved(int(nearest)))
+        below = [r for r in points if r < rung]
+        return points[max(below)] if below else None
 
     def predict(self, setting: Setting) -> float | None:
         """Predicted peak at ``setting``; ``None`` if unknown."""
@@ -299,23 +322,28 @@ class LadderController:
     def decide(self, reading: MemoryReading, current: Setting) -> LadderDecision:
         """The setting for the next steps, given a reading taken at ``current``."""
         decision = self._decide(reading, current)
-        self._expected_free = self._predicted_free(reading.free, current, decision.setting)
+        target = decision.setting
+        predicted = None if target == current else self.predict(target)
+        self._expected = None if predicted is None else (target, predicted)
         return decision
 
-    def _predicted_free(self, free: int, current: Setting, target: Setting) -> float | None:
-        if target == current:
-            return float(free)
-        now, then = self.predict(current), self.predict(target)
-        return None if now is None or then is None else free + now - then
+    def surprise(self, current: Setting) -> float:
+        """How much more memory the job measured at ``current`` than it predicted there when it
+        changed to it (``0`` after a hold, or before the measurement)."""
+        if self._expected is None or self._expected[0] != current:
+            return 0.0
+        measured = self.predict(current)
+        return 0.0 if measured is None else max(0.0, measured - self._expected[1])
 
     def _decide(self, reading: MemoryReading, current: Setting) -> LadderDecision:
         low = threshold_bytes(self.min_free, reading.total)
         high = threshold_bytes(self.release_free, reading.total)
         self._since_change += 1
-        surprise = 0.0 if self._expected_free is None else max(0.0, self._expected_free - reading.free)
+        surprise = self.surprise(current)
+        trend = self._trend(current, reading.free)
         if reading.free < low:
             self._calm = 0
-            deficit = (low - reading.free + surprise) * (1 + self.margin)
+            deficit = (low - reading.free + surprise + trend) * (1 + self.margin)
             return self._change(self._raise(current, deficit), current, RAISE, reading.free, low)
         if current.rung > self.top:  # above a rung that left the ladder: the same memory, faster
             return self._change(Setting(self.top, current.compression), current, LOWER, reading.free, low)
@@ -327,50 +355,80 @@ class LadderController:
             return LadderDecision(current.rung, current.compression, HOLD, reading.free, high)
         return self._change(self._release(current, reading.free - high), current, LOWER, reading.free, high)
 
+    def _trend(self, current: Setting, free: float) -> float:
+        """Others' growth expected by the next check: the smaller of their last two growths
+        seen while the job held its setting (a sustained ramp goes on), so ``0`` after a single
+        jump (a step: the co-tenant took what it takes) or a change of the job's own."""
+        held = self._last is not None and self._last[0] == current
+        self._growth = [self._growth[1], self._last[1] - free if held else None]  # type: ignore[index]
+        self._last = (current, float(free))
+        if None in self._growth:
+            return 0.0
+        return max(0.0, min(self._growth))  # type: ignore[type-var]
+
     def _raise(self, current: Setting, deficit: float) -> Setting:
         now = self.predict(current)
         exact = current.compression <= self.min_compression
+        no_lossy = self.max_compression <= self.min_compression
         if exact and current.rung < self.top:
-            for rung in range(current.rung + 1, self.top + 1):
-                then = self.predict_rung(rung)
-                if then is None:  # unknown: the whole exact lever at once
-                    return Setting(self.top, self.min_compression)
-                if now is not None and now - then >= deficit:
-                    return Setting(rung, self.min_compression)
-        if (
-            exact
-            and current.rung < self.top
-            and (now is None or self.max_compression <= self.min_compression)
-        ):
-            return Setting(self.top, self.min_compression)  # unknown, or no lossy lever: all exact ones
+            measured = self.rung_memory.points
+            if now is not None:
+                for rung in range(current.rung + 1, self.top + 1):
+                    if rung in measured and now - measured[rung] >= deficit:
+                        return Setting(rung, self.min_compression)
+            if self.top not in measured or now is None or no_lossy:
+                # a rung not visited may fit (its saving is unknown), or nothing else is known,
+                # or there is no lossy lever: the whole exact lever at once
+                return Setting(self.top, self.min_compression)
+        if no_lossy:
+            return Setting(self.top, self.min_compression)
+        lossy = self.lossy_rung
         above = [
             c for c in self._grid(self.min_compression, self.max_compression)[1:] if c > current.compression
         ]
         fitting = None if now is None else self._least_compression(now - deficit, above)
-        lossy = self.lossy_rung
         if fitting is not None:
             return Setting(lossy, fitting)
-        if self.max_compression <= self.min_compression:  # no lossy lever: the top rung is all there is
-            return Setting(self.top, self.min_compression)
         if exact and self.top > 0 and not self.continuum_on_top:
             return Setting(0, self.max_compression)  # from the top rung to rung 0, nothing known
+        if self._raise_did_not_lower(current):
+            return Setting(lossy, self.max_compression)  # the safe end, not another step into the unknown
         return Setting(lossy, self.clamp(current.compression + self.raise_step))
 
+    def _raise_did_not_lower(self, current: Setting) -> bool:
+        """Whether ``current``'s compression was measured to need no less than a smaller one."""
+        if current.rung != self.lossy_rung or current.compression <= self.min_compression:
+            return False
+        points = self.compression_memory.points
+        key = min(points, key=lambda c: abs(c - current.compression), default=None)
+        if key is None or abs(key - current.compression) > 1e-6:
+            return False
+        return any(c < key and m <= points[key] for c, m in points.items())
+
     def _least_compression(self, needs: float, candidates: Iterable[float]) -> float | None:
-        """The first of ``candidates`` (on the lossy rung) predicted to need at most ``needs``."""
-        return next(
-            (c for c in candidates if (p := self.compression_memory.predict(c)) is not None and p <= needs),
-            None,
-        )
+        """The first of ``candidates`` (on the lossy rung) predicted to need at most ``needs``
+        and less than every smaller compression (from the floor up)."""
+        wanted = set(candidates)
+        lowest = None
+        for c in self._grid(self.min_compression, self.max_compression):
+            p = self.compression_memory.predict(c)
+            if p is None:
+                return None
+            if lowest is not None and p >= lowest:
+                continue  # needs no less than a smaller compression: never picked
+            lowest = p
+            if c in wanted and p <= needs:
+                return c
+        return None
 
     def _release(self, current: Setting, spare: float) -> Setting:
         now = self.predict(current)
+        measured = self.rung_memory.points
         floor = max(self.min_compression, self.oom_floor)
         if current.compression > self.min_compression:
             if now is not None and self.oom_floor <= self.min_compression:
-                for rung in range(self.top + 1):  # fastest exact rung first
-                    then = self.predict_rung(rung)
-                    if then is not None and then <= now + spare:
+                for rung in range(self.top + 1):  # fastest measured exact rung first
+                    if rung in measured and measured[rung] <= now + spare:
                         return Setting(rung, self.min_compression)
             if current.compression <= floor:
                 return current
@@ -384,13 +442,12 @@ class LadderController:
             return Setting(self.lossy_rung, self.clamp(min(target, current.compression)))
         if current.rung == 0:
             return current
-        for rung in range(current.rung):  # fastest first
-            then = self.predict_rung(rung)
-            if now is not None and then is not None and then - now <= spare:
+        for rung in range(current.rung):  # fastest measured rung first
+            if now is not None and rung in measured and measured[rung] - now <= spare:
                 return Setting(rung, current.compression)
-        if now is not None and self.predict_rung(current.rung - 1) is not None:
+        if now is not None and current.rung - 1 in measured:
             return current  # predicted not to fit: hold
-        return Setting(current.rung - 1, current.compression)
+        return Setting(current.rung - 1, current.compression)  # not visited yet: one rung, to learn it
 
     def _grid(self, low: float, high: float) -> list[float]:
         steps = int(round((high - low) / _GRID))
@@ -401,7 +458,8 @@ class LadderController:
         an out-of-memory retry): its last prediction no longer holds."""
         self._since_change = 0
         self._calm = 0
-        self._expected_free = None
+        self._expected = None
+        self._last, self._growth = None, [None, None]
 
     def on_oom(self, current: Setting) -> Setting:
         """The setting to retry an out-of-memory step with: the top rung if below it, else more
@@ -438,7 +496,9 @@ class LadderController:
             "continuum_on_top": self.continuum_on_top,
             "calm": self._calm,
             "since_change": self._since_change,
-            "expected_free": self._expected_free,
+            "expected": _saved_value(self._expected),
+            "last": _saved_value(self._last),
+            "growth": list(self._growth),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -455,8 +515,10 @@ class LadderController:
         self.oom_floor = float(state.get("oom_floor", self.min_compression))
         self._calm = int(state.get("calm", 0))
         self._since_change = int(state.get("since_change", self.cooldown_checks))
-        expected = state.get("expected_free")
-        self._expected_free = None if expected is None else float(expected)
+        # (an older "expected_free" was a free-memory figure, not a prediction of the job's: dropped)
+        self._expected, self._last = (_setting_value(state.get(key)) for key in ("expected", "last"))
+        growth = state.get("growth") or [None, None]
+        self._growth = [None if g is None else float(g) for g in growth]
         if saved_rungs != self.rungs:
             return
         self.top = min(int(state.get("top", self.rungs)), self.rungs)

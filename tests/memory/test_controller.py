@@ -6,6 +6,7 @@ import random
 import pytest
 
 from lightning_bandlimit.memory.controller import CompressionController, MemoryModel
+from lightning_bandlimit.memory.ladder import Setting
 from lightning_bandlimit.memory.probes import MemoryReading
 
 TOTAL = 1000
@@ -207,11 +208,21 @@ def test_a_steady_ramp_is_met_before_the_job_overdraws() -> None:
     assert seen[-1] == 0.0  # given back after the co-tenant left
 
 
-def test_surprise_survives_a_checkpoint_and_is_forgotten_after_a_foreign_change() -> None:
-    ctl = CompressionController(min_free=100, release_free=400)
-    ctl.decide(MemoryReading(total=TOTAL, free=300, source="scripted"), 0.2)  # hold: expects 300 again
-    copy = CompressionController(min_free=100, release_free=400)
+def test_surprise_and_trend_survive_a_checkpoint_and_are_forgotten_after_a_foreign_change() -> None:
+    ctl = CompressionController(min_free=100, release_free=400, margin=0.0)
+    ctl.model.observe(0.0, 1000)
+    ctl.model.observe(0.5, 600)
+    ctl.decide(MemoryReading(total=TOTAL, free=300, source="scripted"), 0.2)  # hold
+    ctl.decide(MemoryReading(total=TOTAL, free=250, source="scripted"), 0.2)  # others took 50
+    decision = ctl.decide(MemoryReading(total=TOTAL, free=90, source="scripted"), 0.2)
+    assert decision.reason == "raise" and decision.compression > 0.2
+    raised = Setting(0, decision.compression)
+    ctl.model.observe(raised.compression, 900)  # more than predicted: a surprise
+    copy = CompressionController(min_free=100, release_free=400, margin=0.0)
     copy.load_state_dict(ctl.state_dict())
-    assert copy.state_dict()["expected_free"] == 300
+    assert copy.ladder.surprise(raised) == ctl.ladder.surprise(raised) > 0
+    assert copy.state_dict() == ctl.state_dict()
+    assert copy.state_dict()["growth"] == [50.0, 160.0]
     copy.notify_change()
-    assert copy.state_dict()["expected_free"] is None
+    assert copy.ladder.surprise(raised) == 0.0
+    assert copy.state_dict()["last"] is None and copy.state_dict()["growth"] == [None, None]
