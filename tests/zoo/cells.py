@@ -20,6 +20,8 @@ from zoo.models import batch, build
 
 from lightning_bandlimit import SavedTensorMeter, bandlimit, set_compression
 from lightning_bandlimit.checkpointing import CheckpointStages, checkpoint_units
+from lightning_bandlimit.memory import MemoryReading
+from lightning_bandlimit.memory.ladder import LadderController, Setting
 
 SEED = 1234
 FLOOR = 1.0  # each gradient's error is relative to max(its norm, FLOOR * the norm of all)
@@ -28,6 +30,7 @@ CELLS = (
     "c05_step",
     "rungs_exact_c0",
     "rungs_exact_c05",
+    "step_squeeze",
     "ladder_in_trainer",
     "bf16",
     "channels_last",
@@ -191,6 +194,61 @@ def rungs_exact_c0(name: str) -> dict[str, Any]:
 
 def rungs_exact_c05(name: str) -> dict[str, Any]:
     return rungs_exact(name, 0.5)
+
+
+def step_squeeze(name: str) -> dict[str, Any]:
+    """A co-tenant takes its memory within one check, leaving the job short of ``min_free`` by
+    half of what the exact rungs free: the ladder absorbs it with exact rungs in one decision,
+    never compresses, and is never over budget or short of ``min_free`` afterwards. A simulated
+    device (free = total - co-tenant - the job's measured memory: bytes saved for backward at
+    the rung it runs on) drives the controller
+    :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` uses, with its defaults."""
+    model = bandlimit(build(name), 0.0)
+    x, y = batch(name)
+    stages = CheckpointStages(checkpoint_units(model))
+    with stages.profile(exclude=model.parameters()) as profile:
+        forward_backward(model, x, y)
+    stages.set_stages(profile.stages())
+    top = len(stages.stages or [])
+    memory: dict[int, int] = {0: profile.meter.bytes}
+
+    def job(setting: Setting) -> int:
+        assert setting.compression == 0, f"compressed to {setting.compression} on rung {setting.rung}"
+        if setting.rung not in memory:
+            stages.apply(setting.rung)
+            meter = SavedTensorMeter(exclude=model.parameters())
+            forward_backward(model, x, y, meter)
+            memory[setting.rung] = meter.bytes
+        return memory[setting.rung]
+
+    freed = memory[0] - job(Setting(top, 0.0))
+    assert freed > 0, f"the top rung frees nothing: {memory}"
+    min_free = freed  # so a squeeze smaller than what the exact rungs free is never over budget
+    ladder = LadderController(rungs=top, min_free=min_free, release_free=2 * min_free, max_compression=0.9)
+    ladder.set_stage_savings(profile.savings())
+    total = memory[0] + min_free + freed // 20  # calm: free just above min_free
+    squeeze = freed // 20 + 45 * freed // 100  # leaves the job 45 % of what the exact rungs free short
+    cotenant = [0] * 3 + [squeeze] * 10
+    setting, settings, frees = Setting(0, 0.0), [], []
+    for used in cotenant:
+        used_by_job = job(setting)
+        free = total - used - used_by_job
+        settings.append(setting)
+        frees.append(free)
+        ladder.observe(setting, used_by_job)
+        setting = ladder.decide(
+            MemoryReading(total=total, free=max(0, free), source="scripted"), setting
+        ).setting
+    stages.apply(0)
+    assert min(frees) >= 0, f"over budget: free {frees}, settings {settings}"
+    assert settings[4].rung > 0, f"the squeeze was not absorbed in one decision: {settings}"
+    assert min(frees[4:]) >= min_free, f"short of min_free after the squeeze: {frees}"
+    return {
+        "rungs": top,
+        "freed_by_top": freed,
+        "squeeze": squeeze,
+        "max_rung": max(s.rung for s in settings),
+    }
 
 
 def bf16(name: str) -> dict[str, Any]:
@@ -368,6 +426,7 @@ CELL_FUNCTIONS = {
     "c05_step": c05_step,
     "rungs_exact_c0": rungs_exact_c0,
     "rungs_exact_c05": rungs_exact_c05,
+    "step_squeeze": step_squeeze,
     "ladder_in_trainer": ladder_in_trainer,
     "bf16": bf16,
     "channels_last": channels_last,
