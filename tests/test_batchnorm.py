@@ -144,6 +144,7 @@ def test_adaptive_callback_changes_mark_statistics_stale_and_training_end_reesti
         release_checks=1,
         cooldown_checks=0,
         recalibrate_bn=2,
+        levers=["compression"],  # the compression's changes are what this test is about
     )
     recent: list[object] = []
 
@@ -220,3 +221,48 @@ def test_a_compressed_stretch_is_reestimated_once_then_compression_0_needs_nothi
     _fit_small(tmp_path, [band, up, down], epochs=2)  # 8 steps per epoch, validation after each
     assert band.compression == 0.0
     assert band.bn_recalibrations == 1  # before the first validation; the second epoch ran at 0
+
+
+@pytest.mark.parametrize(
+    ("trainer_kwargs", "events"),
+    [
+        ({"max_epochs": 2}, {7, 15}),  # validation at each epoch's end (8 batches an epoch)
+        ({"max_epochs": 1, "val_check_interval": 3}, {2, 5, 7}),  # every 3 batches, and the end
+        ({"max_steps": 6, "limit_val_batches": 0}, {5}),  # no validation: the end of training
+    ],
+)
+def test_on_cpu_only_the_batches_a_reestimate_reads_are_kept(
+    tmp_path: Path, trainer_kwargs: dict, events: set[int]
+) -> None:
+    """The kept batches are the job's own memory on a CPU: a batch is kept only when it is
+    among the last ``recalibrate_bn`` before a validation, the epoch's end or training's end."""
+    band = BandLimit(0.5, recalibrate_bn=2)
+    kept: list[int] = []
+    seen: list[object] = []
+
+    class Spy(pl.Callback):
+        def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+            assert band._recent is not None
+            append = band._recent.append
+            band._recent.append = lambda batch: (kept.append(len(seen)), append(batch))  # type: ignore[method-assign]
+
+        def on_train_batch_end(
+            self, trainer: pl.Trainer, module: pl.LightningModule, outputs: object, batch: object, i: int
+        ) -> None:
+            seen.append(copy.deepcopy(batch))
+
+    model = ImageClassifier("small_cnn", width=4)
+    trainer = cpu_trainer(
+        default_root_dir=tmp_path, num_sanity_val_steps=0, callbacks=[band, Spy()], **trainer_kwargs
+    )
+    trainer.fit(model, SyntheticImageDataModule(train_size=64, val_size=8, batch_size=8))
+    per_epoch = 8
+    wanted = [i for i in range(len(seen)) if min(e - i % per_epoch for e in events if e >= i % per_epoch) < 2]
+    assert kept == wanted
+    # a re-estimate reads the last two batches of training
+    band.compression = 0.25  # stale again: re-estimate by hand
+    reference = copy.deepcopy(model)
+    recalibrate_batchnorm(reference, seen[-2:])
+    band._recalibrate_bn(trainer, model)
+    for ours, theirs in zip(batchnorm_modules(model), batchnorm_modules(reference)):
+        torch.testing.assert_close(ours.running_mean, theirs.running_mean)

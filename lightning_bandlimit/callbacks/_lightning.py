@@ -1,4 +1,5 @@
-"""The one place where the callbacks touch private Lightning state (``ModelCheckpoint``'s internals).
+"""The one place where the callbacks touch private Lightning state (``ModelCheckpoint``'s internals,
+the fit loop's schedule of validations).
 
 :func:`check_lightning_shapes` checks that the installed Lightning still has what these
 functions rely on (the tests call it, and ``ElasticCheckpoint.setup`` does once), so a Lightning
@@ -14,7 +15,13 @@ import lightning
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-__all__ = ["LastCheckpointHook", "check_lightning_shapes", "last_saved_step", "save_last_checkpoint"]
+__all__ = [
+    "LastCheckpointHook",
+    "batches_to_next_validation_or_end",
+    "check_lightning_shapes",
+    "last_saved_step",
+    "save_last_checkpoint",
+]
 
 
 def _shape_error(attribute: str) -> RuntimeError:
@@ -77,3 +84,36 @@ def last_saved_step(callback: ModelCheckpoint) -> int:
 def save_last_checkpoint(callback: ModelCheckpoint, trainer: pl.Trainer) -> None:
     """Save ``callback``'s ``last`` checkpoint now, as it does at a regular save."""
     callback._save_last_checkpoint(trainer, callback._monitor_candidates(trainer))
+
+
+def batches_to_next_validation_or_end(trainer: pl.Trainer, batch_idx: int) -> int | None:
+    """Training batches after ``batch_idx`` (whose ``on_train_batch_end`` runs now) before the
+    next validation, the end of the epoch or the end of training, whichever comes first (``0``:
+    it follows this batch); ``None`` when the schedule cannot be told (time-based validation,
+    an iterable without length), so a caller keeps what it would keep anyway.
+
+    Mirrors the fit loop's ``_should_check_val_fx`` for batch-based validation.
+    """
+    if getattr(trainer, "_val_check_time_interval", None) is not None:
+        return None
+    distances = []
+    batches = trainer.num_training_batches
+    if batches == float("inf"):
+        return None
+    distances.append(int(batches) - 1 - batch_idx)  # the epoch's last batch
+    every = trainer.val_check_batch
+    if every is not None and every != float("inf"):
+        if trainer.check_val_every_n_epoch is None:
+            iteration = getattr(trainer.fit_loop.epoch_loop, "total_batch_idx", None)
+            if iteration is None:
+                return None
+        else:
+            iteration = batch_idx
+        every = int(every)
+        distances.append(every - 1 - iteration % every)
+    if trainer.max_steps is not None and trainer.max_steps >= 0:
+        accumulate = max(1, int(trainer.accumulate_grad_batches))
+        distances.append(
+            (trainer.max_steps - trainer.global_step) * accumulate - (batch_idx + 1) % accumulate
+        )
+    return max(0, min(distances))

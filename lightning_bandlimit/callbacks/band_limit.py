@@ -12,6 +12,7 @@ from torch import nn
 from typing_extensions import override
 
 from lightning_bandlimit.batchnorm import Forward, RecentBatches, batchnorm_modules, recalibrate_batchnorm
+from lightning_bandlimit.callbacks._lightning import batches_to_next_validation_or_end
 from lightning_bandlimit.layers import BandLimitedConvNd
 from lightning_bandlimit.surgery import (
     Patterns,
@@ -234,10 +235,23 @@ class BandLimit(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self._recent is not None and self._bn_follows():
+        if (
+            self._recent is not None
+            and self._bn_follows()
+            and self._needed_soon(trainer, pl_module, batch_idx)
+        ):
             self._recent.append(batch)
         if self._should_log(trainer):
             self._log(pl_module, on_step=True)
+
+    def _needed_soon(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch_idx: int) -> bool:
+        """Whether a batch may be among the last ``recalibrate_bn`` before a re-estimate. On an
+        accelerator the kept batches are host copies (no device memory): all are kept; on a CPU
+        they are the job's own memory: only those a re-estimate will read."""
+        if pl_module.device.type != "cpu":
+            return True
+        left = batches_to_next_validation_or_end(trainer, batch_idx)
+        return left is None or left < self.recalibrate_bn
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
