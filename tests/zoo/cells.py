@@ -341,24 +341,37 @@ CALM = 5  # calm reads first: the profiling step, then rung 0 measured
 
 
 class LadderTrace:
-    """A scripted free-memory trace that walks the ladder: calm, then one byte of pressure after
-    each hold, so every exact rung is climbed one at a time (a hold reading resets the
-    controller's surprise), then the compression, then plenty of room until rung 0 at the floor."""
+    """A scripted free-memory trace that walks the ladder through every rung: calm; pressure,
+    one byte short of ``min_free``, until the top rung (taken at once: no rung above 0 is
+    measured yet); a release with one byte to spare, so the rungs below, not yet visited, are
+    learned one at a time on the way down (rung 0 is measured and predicted not to fit); then
+    no free memory at all, which only the compression can meet; then plenty of room until rung
+    0 at the floor."""
 
     def __init__(self) -> None:
         self.callback: Any = None
+        self.phase = "up"
         self.pressure_next = False  # the first read after the calm ones holds at MIN_FREE
-        self.released = False
 
     def __call__(self, i: int) -> int:
         cb = self.callback
+        top, rung = cb.controller.top, cb.setting.rung
         if i < CALM:
             return (MIN_FREE + RELEASE_FREE) // 2  # calm: the profiling step and rung 0's time
-        if self.released or cb.compression > 0:
-            self.released = True
-            return TOTAL
-        self.pressure_next = not self.pressure_next
-        return MIN_FREE if self.pressure_next else MIN_FREE - 1
+        if self.phase == "up" and top > 0 and rung == top:
+            self.phase = "down"
+        if self.phase == "down" and rung <= 1:
+            self.phase = "lossy"
+        if self.phase == "lossy" and cb.compression > 0:
+            self.phase = "back"
+        if self.phase == "up":
+            self.pressure_next = not self.pressure_next
+            return MIN_FREE if self.pressure_next else MIN_FREE - 1
+        return {"down": RELEASE_FREE + 1, "lossy": 0, "back": TOTAL}[self.phase]
+
+    @property
+    def released(self) -> bool:
+        return self.phase == "back"
 
 
 def ladder_in_trainer(name: str, max_steps: int = 80) -> dict[str, Any]:
@@ -414,6 +427,7 @@ def ladder_in_trainer(name: str, max_steps: int = 80) -> dict[str, Any]:
     assert max(compressions) > 0, f"compression never rose: {compressions}"
     first_lossy = next(i for i, c in enumerate(compressions) if c > 0)
     assert max(rungs[:first_lossy]) == top, "the compression rose before the top rung"
+    assert set(range(top + 1)) <= set(rungs[:first_lossy]), "the compression rose before every rung"
     assert rungs[-1] == 0 and compressions[-1] == 0, (
         f"not back at rung 0, c=0: {list(zip(rungs, compressions))[-5:]}"
     )
