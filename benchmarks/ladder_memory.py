@@ -9,8 +9,12 @@ within a training step (peak minus the step's start, ``/proc``; the minimum of t
 would otherwise run. The process re-runs itself with ``MALLOC_MMAP_THRESHOLD_=131072`` (as the
 multi-tenant jobs do) so that freed tensors leave the resident set.
 
-Run: ``PYTHONPATH=. python benchmarks/ladder_memory.py`` (about 2 minutes on 2 CPU cores);
-writes ``benchmarks/results/ladder_memory.json`` and prints the table.
+The curve's targets (issue 35) are printed per rung: the step peak at each compression at most
+that at the compression below plus 1 MiB (noise), and below the c = 0 peak from c = 0.2 on.
+
+Run: ``PYTHONPATH=. python benchmarks/ladder_memory.py`` (the quickstart model, c = 0, 0.1, ...,
+0.9: about 10 minutes on 2 CPU cores) and ``... --width 64 --batch 32 --output
+benchmarks/results/ladder_memory_w64.json``; writes the JSON and prints the table.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ def main() -> None:
     )
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--width", type=int, default=8)
-    parser.add_argument("--compressions", type=float, nargs="+", default=[0.0, 0.5, 0.75, 0.9])
+    parser.add_argument(
+        "--compressions", type=float, nargs="+", default=[round(0.1 * i, 1) for i in range(10)]
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--output", type=Path, default=Path(__file__).parent / "results" / "ladder_memory.json"
@@ -108,9 +114,13 @@ def main() -> None:
         ]
         line = " ".join(f"{text:>15}" for text in texts)
         print(f"{model:<16} {'-' if c is None else c:>11} {line}")
+    verdicts = curve_verdicts(rows, rungs)
+    for line in verdicts["lines"]:
+        print(line)
     atomic_write_json(
         args.output,
         {
+            "curve_verdicts": verdicts,
             "command": "PYTHONPATH=. python benchmarks/ladder_memory.py " + " ".join(sys.argv[1:]),
             "batch": args.batch,
             "width": args.width,
@@ -122,6 +132,27 @@ def main() -> None:
         },
     )
     print(f"wrote {args.output}")
+
+
+def curve_verdicts(rows: list[dict], rungs: int, noise_mib: float = 1.0) -> dict:
+    """Per rung of the band-limited model: compressions whose step growth exceeds the one below
+    it by more than ``noise_mib``, and those from 0.2 on not below the c = 0 growth."""
+    result: dict = {"rising": {}, "not_below_c0": {}, "lines": []}
+    for rung in range(rungs + 1):
+        curve = sorted(
+            (r["compression"], r["step_growth_mib"])
+            for r in rows
+            if r["model"] == "band-limited" and r["rung"] == rung
+        )
+        rising = [c for (_, a), (c, b) in zip(curve, curve[1:]) if b > a + noise_mib]
+        base = dict(curve).get(0.0)
+        high = [c for c, m in curve if c >= 0.2 - 1e-9 and base is not None and m >= base]
+        result["rising"][rung], result["not_below_c0"][rung] = rising, high
+        result["lines"].append(
+            f"rung {rung}: rises by more than {noise_mib} MiB at c = {rising or 'none'}; "
+            f"not below c = 0 from c = 0.2 on at c = {high or 'none'}"
+        )
+    return result
 
 
 if __name__ == "__main__":

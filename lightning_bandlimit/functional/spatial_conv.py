@@ -23,11 +23,13 @@ from lightning_bandlimit.functional.band_projection import (
     band_input_adjoint,
     reduce_input,
 )
+from lightning_bandlimit.functional.dft_plan import batch_slices
 from lightning_bandlimit.functional.lean.sources import Saved, Source, rebuild
 
 __all__ = ["SpatialConvFunction", "spatial_conv"]
 
 KEEP_COEFFICIENTS = "coefficients"
+_BACKWARD_BYTES = 16 << 20  # the backward's temporaries per batch slice
 KEEP_SMALLER = "smaller"
 
 
@@ -81,31 +83,53 @@ class SpatialConvFunction(torch.autograd.Function):
         compute, dtype = plan.analysis_h.dtype, ctx.conv_dtype
         n, c = ctx.input_shape[:2]
         grid = (plan.synthesis_h.shape[0], plan.synthesis_w.shape[0])
+        source = None
         if need_w:
             if ctx.source is None:
-                z = kept[0]
+                source = kept[0]
             else:  # a recipe published for the caller's (N, C, L) tensor rebuilds in that shape
-                z = reduce_input(rebuild(ctx.source, kept).reshape(ctx.input_shape).to(compute), plan)
-            x_band = band_input(z, plan).to(dtype)
-        else:  # convolution_backward reads only the shape of the input for the input gradient
-            x_band = grad.new_empty(n, c, *grid, dtype=dtype)
+                source = rebuild(ctx.source, kept).reshape(ctx.input_shape)
         g = plan.geometry
-        grad_band, grad_w, grad_b = torch.ops.aten.convolution_backward(
-            grad.to(dtype),
-            x_band,
-            weight.to(dtype),
-            [weight.shape[0]] if ctx.has_bias else None,
-            list(plan.conv_stride),
-            [0, 0],
-            list(g.dilation),
-            False,
-            [0, 0],
-            g.groups,
-            [need_x, need_w, need_b and ctx.has_bias],
-        )
-        grad_x = None
-        if need_x:
-            grad_x = band_input_adjoint(grad_band.to(compute), plan, ctx.input_shape).to(ctx.input_dtype)
+        w = weight.to(dtype)
+        # The padded band-limited input and its gradient exist for a slice of the batch at a
+        # time: the backward's working set stays near the plain convolution's at any compression.
+        per_sample = 3 * c * grid[0] * grid[1] * torch.empty((), dtype=compute).element_size()
+        grad_x = grad_w = grad_b = None
+        for part in batch_slices(n, per_sample, _BACKWARD_BYTES):
+            if source is not None:
+                z = source[part] if ctx.source is None else reduce_input(source[part].to(compute), plan)
+                x_band = band_input(z, plan).to(dtype)
+                del z
+            else:  # convolution_backward reads only the shape of the input for the input gradient
+                x_band = grad.new_empty(part.stop - part.start, c, *grid, dtype=dtype)
+            grad_band, gw, gb = torch.ops.aten.convolution_backward(
+                grad[part].to(dtype),
+                x_band,
+                w,
+                [weight.shape[0]] if ctx.has_bias else None,
+                list(plan.conv_stride),
+                [0, 0],
+                list(g.dilation),
+                False,
+                [0, 0],
+                g.groups,
+                [need_x, need_w, need_b and ctx.has_bias],
+            )
+            del x_band
+            if gw is not None:
+                grad_w = gw if grad_w is None else grad_w.add_(gw)
+            if gb is not None:
+                grad_b = gb if grad_b is None else grad_b.add_(gb)
+            if need_x:
+                shape = (part.stop - part.start, *ctx.input_shape[1:])
+                gx = band_input_adjoint(grad_band.to(compute), plan, torch.Size(shape)).to(ctx.input_dtype)
+                if grad_x is None and part.stop - part.start == n:
+                    grad_x = gx
+                else:
+                    if grad_x is None:
+                        grad_x = gx.new_empty(ctx.input_shape)
+                    grad_x[part] = gx
+            del grad_band
         return (
             grad_x,
             None if grad_w is None else grad_w.to(weight.dtype),

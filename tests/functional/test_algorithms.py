@@ -133,3 +133,28 @@ def test_layer_repr_names_a_forced_algorithm():
     assert "algorithm='spectral'" in repr(layer)
     plain = unbandlimit(layer)
     assert type(plain) is nn.Conv2d and "_algorithm" not in plain.__dict__  # it carries nothing of ours
+
+
+@pytest.mark.parametrize("memory_lean", [False, True])
+@pytest.mark.parametrize("need_x", [True, False])
+def test_spatial_backward_in_batch_slices_equals_one_piece(
+    monkeypatch: pytest.MonkeyPatch, memory_lean: bool, need_x: bool
+) -> None:
+    """The spatial algorithm's backward builds the padded band-limited input and its gradient a
+    batch slice at a time (its working set stays near the plain convolution's): the gradients
+    equal those of one piece."""
+    from lightning_bandlimit.functional import spatial_conv as module
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(7, 3, 12, 12, generator=g, dtype=torch.float64)
+    w, b = torch.randn(4, 3, 3, 3, generator=g, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    grads = []
+    for budget in (1 << 30, 1):  # one piece; one sample a slice
+        monkeypatch.setattr(module, "_BACKWARD_BYTES", budget)
+        xi, wi, bi = (t.clone().requires_grad_(True) for t in (x, w, b))
+        xi.requires_grad_(need_x)
+        out = fft_conv2d(xi, wi, bi, padding=1, compression=0.3, algorithm="spatial", memory_lean=memory_lean)
+        out.square().sum().backward()
+        grads.append([t.grad for t in (xi, wi, bi) if t.requires_grad])
+    for one, sliced in zip(*grads):
+        torch.testing.assert_close(sliced, one, rtol=1e-12, atol=1e-12)
