@@ -36,7 +36,7 @@ def agree_across_ranks(
     on_top = float(controller.continuum_on_top)
     mine = [-reading.free, -reading.total, float(peak or 0), -controller.top, -on_top]
     agreed = strategy.reduce(torch.tensor(mine, dtype=torch.float64, device=device), reduce_op="max").tolist()
-    controller.top = int(round(-agreed[3]))
+    controller.agree_top(int(round(-agreed[3])))
     controller.set_continuum_on_top(-agreed[4] > 0.5)  # on the top rung only if on every rank
     total = int(round(-agreed[1]))
     agreed_reading = MemoryReading(

@@ -260,6 +260,13 @@ class LadderController:
             )
         return None
 
+    def agree_top(self, top: int) -> None:
+        """Take the top rung the ranks agreed on (the lowest of theirs): a lower one than this
+        rank's is taken as if this rank had lowered it (the continuum moves down with it)."""
+        check_int("top", top, minimum=0)
+        if top < self.top:
+            self._lower_top(top)
+
     def _lower_top(self, top: int) -> None:
         self.top = top
         if self.continuum_on_top:  # the continuum moves down with the top rung

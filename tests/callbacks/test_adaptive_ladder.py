@@ -396,6 +396,22 @@ def test_ranks_run_the_continuum_on_the_top_rung_only_if_every_rank_can(mine: bo
     assert callback.controller.continuum_on_top == (mine and other)
 
 
+def test_a_top_rung_a_peer_lowered_moves_the_continuum_down_with_it() -> None:
+    # The continuum runs on the top rung; this rank learned it on rung 4. A peer's top rung is
+    # 2: the agreed top is 2, and the compression model learned on rung 4 must go (as when the
+    # rank lowers its own top): it starts again from rung 2's measured memory.
+    callback = _agreeing(top=4)
+    ladder = callback.controller
+    ladder.set_continuum_on_top(True)
+    ladder.observe(Setting(2, 0.0), 700)
+    ladder.observe(Setting(4, 0.0), 650)
+    ladder.observe(Setting(4, 0.5), 400)
+    assert ladder.compression_memory.points == {0.0: 650, 0.5: 400}
+    _agree(callback, _TwoRanks(600, 1000, 300, 2, on_top=True), MemoryReading(1000, 600, "scripted"), 300)
+    assert ladder.top == ladder.lossy_rung == 2
+    assert ladder.compression_memory.points == {0.0: 700}
+
+
 def test_ranks_fed_the_same_inputs_take_the_same_decisions() -> None:
     # Two controllers with the same history, one of which saw less free memory locally: after
     # agreeing on the inputs, every decision (and so every rung and compression) is the same.
