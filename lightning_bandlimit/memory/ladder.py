@@ -27,15 +27,16 @@ at the setting it ran with, with the same thresholds, hysteresis and cooldown as
   setting, expected once more, so a sustained ramp is met ahead and a single jump is not
   counted twice).
   A rung's memory is what the job measured on it at the step's peak; a rung not visited yet is
-  predicted conservatively, as freeing nothing over the measured rung below it. When a rung
-  that was not visited could be the one that fits, the top rung is taken at once: exact, and
-  the most any rung frees. Beyond the top rung the least compression its learned
-  memory-versus-compression model predicts to fit, and only one predicted to need less than
-  every smaller compression (a compression that costs memory is never picked); with no model
-  yet, on the top rung one ``raise_step`` more, on rung 0 ``max_compression`` (only a large
-  compression is sure to free more than the top rung did), and after a raise measured not to
-  lower memory, ``max_compression`` at once (never a second step into the unknown), given
-  back at the next release as far as the model then learned allows.
+  predicted conservatively, as freeing nothing over the measured rung below it, wherever the
+  ladder relies on a prediction (to stop climbing, to compress, to release). Which unvisited
+  rung to try first is hinted by the bytes its stages keep for backward (measured once,
+  :meth:`LadderController.set_stage_savings`): the least rung they say is enough, exact either
+  way, else the top rung at once (exact, and the most any rung frees). Beyond the top rung the
+  least compression its learned memory-versus-compression model predicts to fit, and only one
+  predicted to need less than every smaller compression (a compression that costs memory is
+  never picked); with no model yet, on the top rung one ``raise_step`` more, on rung 0
+  ``max_compression`` (only a large compression is sure to free more than the top rung did),
+  given back at the next release as far as the model then learned allows.
 * **Hold** between ``min_free`` and ``release_free``.
 * **Release** (``release_checks`` calm checks and a cooldown): the lossy part first (to the
   fastest exact rung predicted to keep ``release_free`` free, else to the least compression
@@ -47,8 +48,8 @@ rung 0) and every rung above it leave the ladder; the continuum then starts belo
 measured to free less than a quarter of what its stages keep for backward (the step's peak
 lies elsewhere: on the quickstart model checkpointing stages 3-4 after 1-2 frees nothing at the
 peak, at any compression) leaves the ladder the same way, with the rungs above it: it would
-cost recompute time and free nothing. (The stages' saved bytes, :meth:`set_stage_savings`,
-serve only this judgement; they predict nothing: the peak is not where they are kept.)
+cost recompute time and free nothing. (Beside the climb's hint, the stages' saved bytes serve
+only this judgement: the step's peak is not where they are kept.)
 With ``rungs=0`` the ladder is the compression continuum alone.
 """
 
@@ -381,7 +382,8 @@ class LadderController:
             measured = self.rung_memory.points
             if now is not None:
                 for rung in range(current.rung + 1, self.top + 1):
-                    if rung in measured and now - measured[rung] >= deficit:
+                    freed = now - measured[rung] if rung in measured else self._hinted_saving(rung, now)
+                    if freed is not None and freed >= deficit:
                         return Setting(rung, self.min_compression)
             if self.top not in measured or now is None or no_lossy:
                 # a rung not visited may fit (its saving is unknown), or nothing else is known,
@@ -398,19 +400,18 @@ class LadderController:
             return Setting(lossy, fitting)
         if exact and self.top > 0 and not self.continuum_on_top:
             return Setting(0, self.max_compression)  # from the top rung to rung 0, nothing known
-        if self._raise_did_not_lower(current):
-            return Setting(lossy, self.max_compression)  # the safe end, not another step into the unknown
         return Setting(lossy, self.clamp(current.compression + self.raise_step))
 
-    def _raise_did_not_lower(self, current: Setting) -> bool:
-        """Whether ``current``'s compression was measured to need no less than a smaller one."""
-        if current.rung != self.lossy_rung or current.compression <= self.min_compression:
-            return False
-        points = self.compression_memory.points
-        key = min(points, key=lambda c: abs(c - current.compression), default=None)
-        if key is None or abs(key - current.compression) > 1e-6:
-            return False
-        return any(c < key and m <= points[key] for c, m in points.items())
+    def _hinted_saving(self, rung: int, now: float) -> float | None:
+        """Which unvisited rung to try first: what its stages keep for backward over the
+        highest measured rung below it (a hint for the climb, exact either way; never a
+        prediction that the ladder relies on to stop climbing or to release)."""
+        measured = self.rung_memory.points
+        below = [r for r in measured if r < rung]
+        if not below or self.stage_savings is None:
+            return None
+        lower = int(max(below))
+        return now - measured[lower] + self._saved(rung) - self._saved(lower)
 
     def _least_compression(self, needs: float, candidates: Iterable[float]) -> float | None:
         """The first of ``candidates`` (on the lossy rung) predicted to need at most ``needs``

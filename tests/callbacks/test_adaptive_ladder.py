@@ -31,12 +31,13 @@ M = 1_000_000
 TOTAL = 100 * M  # min_free 20 MB, release_free 40 MB (SCRIPTED_ADAPTIVE's fractions)
 # The job (cifar_resnet18 width 4, batch 16) saves about 4.9 MB for backward at rung 0; its
 # stages keep about 1.57, 0.79, 0.39 and 0.20 MB. Free memory comes near min_free slowly, then
-# 0.1 MB under it: no rung above 0 was measured, so the ladder takes the top rung (exact); on
-# the next check free memory has not come back (the scripted co-tenant grew by what the top
-# rung freed), so the measured top rung does not suffice and, with nothing known of the
-# continuum yet, the ladder goes to max_compression (0.9) on rung 0; then the co-tenant leaves
-# and the compression is given back straight to rung 0 (predicted to fit).
-PRESSURE = [80 * M] * 3 + [30 * M, 20_100_000] + [19_900_000] * 4 + [80 * M] * 20
+# 0.1 MB under it for six checks: the stages' bytes hint that rung 1 is enough; on each next
+# check free memory has not come back (the scripted co-tenant grew by what the rung freed, which
+# the job did not predict: no surprise), so the ladder climbs one measured rung a check to the
+# top; the top rung measured short, with nothing known of the continuum yet, it goes to
+# max_compression (0.9) on rung 0; then the co-tenant leaves and the compression is given back
+# straight to rung 0 (predicted to fit).
+PRESSURE = [80 * M] * 3 + [30 * M, 20_100_000] + [19_900_000] * 6 + [80 * M] * 20
 HOLD = [30 * M] * 20  # the hold band: nothing but the backstop moves
 BLOCKS = [f"backbone.{i}" for i in range(3, 11)]
 STAGES = [BLOCKS[i : i + 2] for i in range(0, 8, 2)]
@@ -98,15 +99,14 @@ def test_rungs_first_then_compression_on_rung_0_then_back(tmp_path: Path) -> Non
     timeline = _timeline(callback)
     assert [s for s, _, _ in timeline] == list(range(1, 21))  # a check every step
     assert timeline[:5] == [(s, 0, 0.0) for s in range(1, 6)]
-    # the first raise: exact, to the top rung (no rung above 0 measured yet, so which one would
-    # suffice is unknown; the stages' saved bytes are not the step's peak)
-    assert timeline[5] == (6, 4, 0.0)
+    assert timeline[5] == (6, 1, 0.0)  # the first raise: one rung, exact
     assert callback.decisions[5]["reason"] == "raise"
-    assert callback.decisions[5]["checkpointed_units"] == 8
-    # the rungs do not suffice and the continuum is unknown: max_compression, with no unit checkpointed
-    assert timeline[6] == (7, 0, 0.9)
-    assert callback.decisions[6]["reason"] == "raise"
-    assert callback.decisions[6]["checkpointed_units"] == 0
+    assert callback.decisions[5]["checkpointed_units"] == 2
+    assert timeline[6:9] == [(7, 2, 0.0), (8, 3, 0.0), (9, 4, 0.0)]  # every exact rung first
+    # the top rung measured short and the continuum unknown: max_compression, no unit checkpointed
+    assert timeline[9] == (10, 0, 0.9)
+    assert callback.decisions[9]["reason"] == "raise"
+    assert callback.decisions[9]["checkpointed_units"] == 0
     assert callback.controller.top == 4
     # compression only ever above 0 on rung 0, and a rung was climbed first
     lossy = [(s, r, c) for s, r, c in timeline if c > 0]
@@ -132,13 +132,13 @@ def test_rungs_first_then_compression_on_rung_0_then_back(tmp_path: Path) -> Non
     for record in callback.decisions[:-1]:
         assert spy.checkpointed[record["step"]] == record["checkpointed_units"], record
     assert {layer.compression for _, layer in bandlimited_layers(model)} == {0.0}
-    # learned: memory per rung (rung 0 measured, the top rung too), the stage savings, and rung
-    # 0's memory versus compression (the floor and 0.9)
+    # learned: memory per rung (rung 0 measured, rung 1 too), the stage savings, and rung 0's
+    # memory versus compression (the floor and 0.9)
     ladder = callback.controller
-    assert {0, 4} <= set(ladder.rung_memory.points)
+    assert {0, 1} <= set(ladder.rung_memory.points)
     assert ladder.stage_savings is not None and len(ladder.stage_savings) == 4
     assert all(a > b > 0 for a, b in zip(ladder.stage_savings, ladder.stage_savings[1:]))
-    assert ladder.rung_memory.points[4] < ladder.rung_memory.points[0]  # the top rung measured leaner
+    assert ladder.rung_memory.points[1] < ladder.rung_memory.points[0]  # rung 1 measured leaner
     assert set(ladder.compression_memory.points) == {0.0, 0.9}
     # why the continuum is on rung 0: at 0.9 the plain blocks keep less than the top rung would
     assert ladder.compression_memory.points[0.9] < ladder.predict_rung(4)
@@ -151,21 +151,20 @@ def test_rungs_first_then_compression_on_rung_0_then_back(tmp_path: Path) -> Non
     assert {"AdaptiveBandLimit/rung", "AdaptiveBandLimit/checkpointed_units"} <= set(trainer.callback_metrics)
 
 
-def test_release_from_the_continuum_to_the_fastest_measured_exact_rung_that_fits(tmp_path: Path) -> None:
+def test_release_from_the_continuum_to_the_fastest_exact_rung_that_fits(tmp_path: Path) -> None:
     # As PRESSURE, but the co-tenant first shrinks only to 41.4 MB free: at 0.9 the job needs
-    # about 0.96 MB and may use 1.4 MB more; of the measured rungs the top one fits, rung 0 not
-    # (rungs 1-3 were never visited: not predicted to fit, whatever their stages keep)
-    frees = PRESSURE[:8] + [41_400_000] * 4 + [80 * M] * 8
+    # about 0.96 MB and may use 1.4 MB more; rung 3 (measured about 2.1 MB) fits, rung 2 not.
+    frees = PRESSURE[:10] + [41_400_000] * 4 + [80 * M] * 6
     callback = _callback(frees)
     _, spy, _ = _fit(callback, tmp_path)
     timeline = _timeline(callback)
-    assert timeline[5:7] == [(6, 4, 0.0), (7, 0, 0.9)]
-    assert timeline[9] == (10, 4, 0.0) and callback.decisions[9]["reason"] == "lower"
-    assert spy.checkpointed[10] == 8
+    assert timeline[5:10] == [(6, 1, 0.0), (7, 2, 0.0), (8, 3, 0.0), (9, 4, 0.0), (10, 0, 0.9)]
+    assert timeline[11] == (12, 3, 0.0) and callback.decisions[11]["reason"] == "lower"
+    assert spy.checkpointed[12] == 6
     # then, with more room, down the exact rungs to the plain model
-    rungs = [r for _, r, _ in timeline[9:]]
+    rungs = [r for _, r, _ in timeline[11:]]
     assert all(b <= a for a, b in zip(rungs, rungs[1:])) and rungs[-1] == 0
-    assert all(c == 0 for _, _, c in timeline[9:])
+    assert all(c == 0 for _, _, c in timeline[11:])
 
 
 def test_setting_and_checkpointed_units_during_the_fit(tmp_path: Path) -> None:
@@ -180,10 +179,10 @@ def test_setting_and_checkpointed_units_during_the_fit(tmp_path: Path) -> None:
         _model(), _data()
     )
     assert seen[:6] == [(Setting(0, 0.0), [])] * 6
-    # after step 6's check the ladder is on the top rung (no other visited yet): all 8 blocks
-    assert seen[6] == (Setting(4, 0.0), BLOCKS)
-    # after step 7's: the continuum, on rung 0: no block checkpointed
-    assert seen[7] == (Setting(0, 0.9), [])
+    # after step 6's check the ladder is on rung 1: the first stage's two blocks
+    assert seen[6] == (Setting(1, 0.0), ["backbone.3", "backbone.4"])
+    # after step 7's: the next rung (rung 1 measured short): the first two stages' four blocks
+    assert seen[7] == (Setting(2, 0.0), BLOCKS[:4])
 
 
 def test_compression_lever_only_never_checkpoints(tmp_path: Path) -> None:
@@ -207,8 +206,8 @@ def test_checkpoint_lever_only_stays_exact(tmp_path: Path) -> None:
     assert {d["compression"] for d in callback.decisions} == {0.0}
     assert {layer.compression for _, layer in bandlimited_layers(model)} == {0.0}
     rungs = [d["rung"] for d in callback.decisions]
-    # the top rung at once (no other rung measured yet), and no further
-    assert rungs[5:9] == [4, 4, 4, 4]
+    # one rung a check (each measured short) to the top rung, and no further
+    assert rungs[5:11] == [1, 2, 3, 4, 4, 4]
     assert max(rungs) == 4
     assert rungs[-1] == 0
     assert max(spy.checkpointed.values()) == 8
@@ -255,7 +254,7 @@ def test_checkpoint_units_patterns_choose_the_units(tmp_path: Path) -> None:
     model, spy, _ = _fit(callback, tmp_path)
     assert callback.controller.top == 2  # two stages of two blocks
     assert max(spy.checkpointed.values()) == 4
-    assert {d["rung"] for d in callback.decisions} == {0, 2}  # the top rung, then back to 0
+    assert {d["rung"] for d in callback.decisions} == {0, 1, 2}
     assert spy.final_state is not None and spy.final_state["stages"] == STAGES[:2]
 
 
@@ -298,28 +297,26 @@ def test_max_slowdown_takes_slow_rungs_off_the_ladder(
     assert ladder.rung_seconds[0] == 1.0  # the profiling step (also 1 s here) is not rung 0's
     assert callback.decisions[0]["slowdown"] is None
     assert ladder.slowdown(1) == pytest.approx(1.5)
-    assert ladder.slowdown(4) == pytest.approx(3.0)
-    assert ladder.slowdown(3) == pytest.approx(2.5)
     assert ladder.slowdown(2) == pytest.approx(2.0)
     assert ladder.top == 1  # rungs 2.. cost more than 1.8x: off the ladder
-    # the top rung first; each slow rung ran once, was measured, and the same check went below it
-    assert [d["rung"] for d in callback.decisions[5:9]] == [4, 3, 2, 1]
-    for i, rung in enumerate((3, 2, 1), start=6):
-        assert all(d["rung"] <= rung for d in callback.decisions[i:])
+    # rung 2 ran once, was measured too slow, and the same check went below it; never above
+    assert [d["rung"] for d in callback.decisions[5:9]] == [1, 2, 1, 1]
+    assert all(d["rung"] <= 1 for d in callback.decisions[7:])
+    assert ladder.slowdown(3) is None and ladder.slowdown(4) is None  # never run
     assert {d["compression"] for d in callback.decisions} == {0.0}
     assert callback.decisions[-1]["rung"] == 0
 
 
-def test_max_slowdown_below_the_top_rung_takes_it_off_and_the_continuum_follows(
+def test_max_slowdown_below_every_rung_leaves_the_compression_alone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     callback = _fit_timed(tmp_path, monkeypatch, max_slowdown=1.3)
     ladder = callback.controller
-    assert ladder.slowdown(4) == pytest.approx(3.0) and ladder.top <= 3
+    assert ladder.slowdown(1) == pytest.approx(1.5) and ladder.top == 0
     timeline = _timeline(callback)
-    assert timeline[5] == (6, 4, 0.0)
-    # the top rung measured too slow (and short) on step 7: the continuum, on rung 0
-    assert timeline[6] == (7, 0, 0.9)
+    assert timeline[5] == (6, 1, 0.0)
+    # rung 1 measured too slow on step 7: no rung left, so the compression, by raise_step
+    assert timeline[6] == (7, 0, pytest.approx(0.3))
     assert all(r == 0 for _, r, _ in timeline[6:])
     assert timeline[-1][1:] == (0, 0.0)
 
@@ -637,7 +634,7 @@ def test_resume_applies_the_saved_rung_before_the_first_step(tmp_path: Path, sto
     # measured on rung 4, as the first run measured it
     assert ladder.stage_savings == before.stage_savings
     assert resumed.decisions[0]["job_peak_bytes"] == before.rung_memory.points[4]
-    assert set(ladder.rung_memory.points) == set(before.rung_memory.points) == {0, 4}
+    assert set(ladder.rung_memory.points) == set(before.rung_memory.points) == {0, 1, 2, 3, 4}
 
 
 def test_resume_restores_the_continuum_and_what_the_ladder_learned(tmp_path: Path, stop_after: type) -> None:

@@ -20,8 +20,9 @@ from lightning_bandlimit.spectral_checkpoint import spectral_fallback
 
 M = 1_000_000
 TOTAL = 100 * M
-# as test_adaptive_ladder.PRESSURE: near min_free, then under it for four checks, then calm
-PRESSURE = [80 * M] * 3 + [30 * M, 20_100_000] + [19_900_000] * 4 + [80 * M] * 20
+# as test_adaptive_ladder.PRESSURE: near min_free, then under it for six checks (the ladder climbs
+# one rung a check to the top, then compresses), then calm
+PRESSURE = [80 * M] * 3 + [30 * M, 20_100_000] + [19_900_000] * 6 + [80 * M] * 20
 BLOCKS = [f"backbone.{i}" for i in range(3, 11)]
 
 pytestmark = pytest.mark.usefixtures("one_thread")

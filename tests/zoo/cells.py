@@ -342,11 +342,9 @@ CALM = 5  # calm reads first: the profiling step, then rung 0 measured
 
 class LadderTrace:
     """A scripted free-memory trace that walks the ladder through every rung: calm; pressure,
-    one byte short of ``min_free``, until the top rung (taken at once: no rung above 0 is
-    measured yet); a release with one byte to spare, so the rungs below, not yet visited, are
-    learned one at a time on the way down (rung 0 is measured and predicted not to fit); then
-    no free memory at all, which only the compression can meet; then plenty of room until rung
-    0 at the floor."""
+    one byte short of ``min_free``, until the top rung (the co-tenant takes what each rung frees,
+    so the ladder climbs one measured rung a check); then no free memory at all, which only the
+    compression can meet; then plenty of room until rung 0 at the floor."""
 
     def __init__(self) -> None:
         self.callback: Any = None
@@ -355,19 +353,16 @@ class LadderTrace:
 
     def __call__(self, i: int) -> int:
         cb = self.callback
-        top, rung = cb.controller.top, cb.setting.rung
         if i < CALM:
             return (MIN_FREE + RELEASE_FREE) // 2  # calm: the profiling step and rung 0's time
-        if self.phase == "up" and top > 0 and rung == top:
-            self.phase = "down"
-        if self.phase == "down" and rung <= 1:
+        if self.phase == "up" and cb.controller.top > 0 and cb.setting.rung == cb.controller.top:
             self.phase = "lossy"
         if self.phase == "lossy" and cb.compression > 0:
             self.phase = "back"
         if self.phase == "up":
             self.pressure_next = not self.pressure_next
             return MIN_FREE if self.pressure_next else MIN_FREE - 1
-        return {"down": RELEASE_FREE + 1, "lossy": 0, "back": TOTAL}[self.phase]
+        return 0 if self.phase == "lossy" else TOTAL
 
     @property
     def released(self) -> bool:
