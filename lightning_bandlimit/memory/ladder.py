@@ -36,7 +36,9 @@ at the setting it ran with, with the same thresholds, hysteresis and cooldown as
   predicted to need less than every smaller compression (a compression that costs memory is
   never picked); with no model yet, on the top rung one ``raise_step`` more, on rung 0
   ``max_compression`` (only a large compression is sure to free more than the top rung did),
-  given back at the next release as far as the model then learned allows.
+  and after a raise measured not to lower memory ``max_compression`` at once (never a second
+  step into the unknown while over budget), given back at the next release as far as the
+  model then learned allows.
 * **Hold** between ``min_free`` and ``release_free``.
 * **Release** (``release_checks`` calm checks and a cooldown): the lossy part first (to the
   fastest exact rung predicted to keep ``release_free`` free, else to the least compression
@@ -400,7 +402,19 @@ class LadderController:
             return Setting(lossy, fitting)
         if exact and self.top > 0 and not self.continuum_on_top:
             return Setting(0, self.max_compression)  # from the top rung to rung 0, nothing known
+        if self._raise_did_not_lower(current):
+            return Setting(lossy, self.max_compression)  # the safe end, not another step into the unknown
         return Setting(lossy, self.clamp(current.compression + self.raise_step))
+
+    def _raise_did_not_lower(self, current: Setting) -> bool:
+        """Whether ``current``'s compression was measured to need no less than a smaller one."""
+        if current.rung != self.lossy_rung or current.compression <= self.min_compression:
+            return False
+        points = self.compression_memory.points
+        key = min(points, key=lambda c: abs(c - current.compression), default=None)
+        if key is None or abs(key - current.compression) > 1e-6:
+            return False
+        return any(c < key and m <= points[key] for c, m in points.items())
 
     def _hinted_saving(self, rung: int, now: float) -> float | None:
         """Which unvisited rung to try first: what its stages keep for backward over the

@@ -191,9 +191,13 @@ def test_lossy_pressure_raises_by_raise_step_without_a_model() -> None:
     ladder.set_stage_savings(SAVINGS)
     ladder.observe(Setting(0, 0.2), 4000)  # one compression seen on rung 0: no model
     assert ladder.decide(_reading(900), Setting(0, 0.2)).setting == Setting(0, 0.4)
+
+
+def test_a_raise_measured_not_to_lower_memory_goes_to_the_safe_end_at_once() -> None:
+    # 5200 at 0.2 against 5000 at 0: no second step into the unknown while over budget
     ladder = _known()
-    ladder.observe(Setting(0, 0.2), 5200)  # memory not falling with compression: no model
-    assert ladder.decide(_reading(900), Setting(0, 0.2)).setting == Setting(0, 0.4)
+    ladder.observe(Setting(0, 0.2), 5200)
+    assert ladder.decide(_reading(900), Setting(0, 0.2)).setting == Setting(0, 0.8)
 
 
 def test_lossy_pressure_jumps_with_the_model() -> None:
