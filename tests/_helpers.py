@@ -94,3 +94,27 @@ class Report(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         out = Path(os.environ["BANDLIMIT_OUT"]) / f"rank{trainer.global_rank}.json"
         out.write_text(json.dumps(self.collect(trainer, pl_module)))
+
+
+def simulate_device(
+    ladder: Any, cotenant: Iterable[int], job: Callable[[Any], float], total: int, start: Any
+) -> tuple[list[Any], list[float], list[str]]:
+    """Drive ``ladder`` (a ``LadderController``) one check per step on a simulated device:
+    free = ``total`` - co-tenant - ``job(setting)`` (the job's memory at the setting it runs
+    on, which the ladder also observes). Returns the settings run, the free bytes seen and
+    the decisions' reasons, per step."""
+    from lightning_bandlimit.memory import MemoryReading
+
+    setting, settings, frees, reasons = start, [], [], []
+    for used in cotenant:
+        memory = job(setting)
+        free = total - used - memory
+        settings.append(setting)
+        frees.append(free)
+        ladder.observe(setting, memory)
+        decision = ladder.decide(
+            MemoryReading(total=total, free=max(0, int(free)), source="scripted"), setting
+        )
+        reasons.append(decision.reason)
+        setting = decision.setting
+    return settings, frees, reasons

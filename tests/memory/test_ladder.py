@@ -3,6 +3,7 @@
 import random
 
 import pytest
+from _helpers import simulate_device
 
 from lightning_bandlimit.memory.controller import CompressionController
 from lightning_bandlimit.memory.ladder import LadderController, LadderDecision, Setting
@@ -601,17 +602,7 @@ def _simulate(cotenant: list[int], savings: bool) -> tuple[list[Setting], list[f
     )
     if savings:
         ladder.set_stage_savings([300, 150, 30])  # the exact differences of RUNG_MEMORY
-    setting, settings, frees, reasons = FLOOR, [], [], []
-    for used in cotenant:
-        job = _job_memory(setting)
-        free = BUDGET - used - job
-        frees.append(free)
-        settings.append(setting)
-        ladder.observe(setting, job)
-        decision = ladder.decide(_reading(max(0, int(free)), BUDGET), setting)
-        reasons.append(decision.reason)
-        setting = decision.setting
-    return settings, frees, reasons
+    return simulate_device(ladder, cotenant, _job_memory, BUDGET, FLOOR)
 
 
 def _ramp(peak: int) -> list[int]:
@@ -684,16 +675,7 @@ def _simulate_on_top(cotenant: list[int]) -> tuple[list[Setting], list[float], l
     ladder = LadderController(rungs=3, min_free=MIN_FREE, release_free=2 * MIN_FREE, max_compression=0.9)
     ladder.set_continuum_on_top(True)
     ladder.set_stage_savings([300, 150, 30])
-    setting, settings, frees, reasons = FLOOR, [], [], []
-    for used in cotenant:
-        job = _job_memory_spectral(setting)
-        frees.append(BUDGET - used - job)
-        settings.append(setting)
-        ladder.observe(setting, job)
-        decision = ladder.decide(_reading(max(0, int(frees[-1])), BUDGET), setting)
-        reasons.append(decision.reason)
-        setting = decision.setting
-    return settings, frees, reasons
+    return simulate_device(ladder, cotenant, _job_memory_spectral, BUDGET, FLOOR)
 
 
 @pytest.mark.parametrize("peak", [2350, 2450, 2550, 2600])

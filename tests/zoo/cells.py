@@ -14,13 +14,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer
+from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer, simulate_device
 from torch import nn
 from zoo.models import batch, build
 
 from lightning_bandlimit import SavedTensorMeter, bandlimit, set_compression
 from lightning_bandlimit.checkpointing import CheckpointStages, checkpoint_units
-from lightning_bandlimit.memory import MemoryReading
 from lightning_bandlimit.memory.ladder import LadderController, Setting
 
 SEED = 1234
@@ -229,16 +228,7 @@ def step_squeeze(name: str) -> dict[str, Any]:
     total = memory[0] + min_free + freed // 20  # calm: free just above min_free
     squeeze = freed // 20 + 45 * freed // 100  # leaves the job 45 % of what the exact rungs free short
     cotenant = [0] * 3 + [squeeze] * 10
-    setting, settings, frees = Setting(0, 0.0), [], []
-    for used in cotenant:
-        used_by_job = job(setting)
-        free = total - used - used_by_job
-        settings.append(setting)
-        frees.append(free)
-        ladder.observe(setting, used_by_job)
-        setting = ladder.decide(
-            MemoryReading(total=total, free=max(0, free), source="scripted"), setting
-        ).setting
+    settings, frees, _ = simulate_device(ladder, cotenant, job, total, Setting(0, 0.0))
     stages.apply(0)
     assert min(frees) >= 0, f"over budget: free {frees}, settings {settings}"
     assert settings[4].rung > 0, f"the squeeze was not absorbed in one decision: {settings}"
