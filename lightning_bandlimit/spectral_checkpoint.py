@@ -23,7 +23,7 @@ BatchNorm running statistics are restored after the recompute by the caller's ``
 Which blocks qualify is found by tracing the block's ``forward`` once with ``torch.fx`` (modules
 without children are leaves) and checked again at every training forward against the live
 modules: a ResNet basic block (torchvision's ``BasicBlock``, this package's CIFAR block) at any
-compression whose kept spectrum is smaller than the block's input. Bottleneck blocks and
+compression where what its readers keep, together, is smaller than the block's input. Bottleneck blocks and
 MobileNet's inverted residuals open with a 1x1 convolution that reads every pixel (1x1
 convolutions are not band-limited by default) and fall back to ordinary checkpointing;
 :func:`spectral_fallback` says why, per block.
@@ -43,10 +43,8 @@ import torch
 import torch.utils.checkpoint
 from torch import fx, nn
 
-from lightning_bandlimit.functional.band import SpectralBand
-from lightning_bandlimit.functional.dft_plan import band_frequencies
 from lightning_bandlimit.functional.lean.ops import conv_dtype, conv_function, stride_grid
-from lightning_bandlimit.functional.lean.sources import keeping_spectra
+from lightning_bandlimit.functional.lean.sources import checkpointed_region, keeping_spectra
 from lightning_bandlimit.functional.spectral_kernel import (
     analyse,
     conv_from_spectrum,
@@ -55,8 +53,7 @@ from lightning_bandlimit.functional.spectral_kernel import (
 )
 from lightning_bandlimit.layers import BandLimitedConvNd
 
-__all__ = ["BlockPlan", "block_plan", "can_keep_spectrum", "checkpoint_from_spectrum", "compact_spectrum"]
-__all__ += ["expand_spectrum", "spectral_fallback"]
+__all__ = ["BlockPlan", "block_plan", "can_keep_spectrum", "checkpoint_from_spectrum", "spectral_fallback"]
 
 _ADD_FUNCTIONS = (operator.add, operator.iadd, torch.add)
 _ADD_METHODS = ("add", "add_")
@@ -263,67 +260,13 @@ def _readers(module: nn.Module, plan: BlockPlan, x: torch.Tensor) -> list[_Reade
             readers.append(_Reader(node, conv))
         else:
             return f"{node.target} ({type(conv).__name__}) is not band-limited and reads every pixel"
+    held = sum(
+        spectrum_bytes(x, r.plan) if r.plan is not None else x.nbytes // math.prod(r.conv.stride)
+        for r in readers
+    )
+    if held >= x.nbytes:
+        return f"its readers together keep {held} bytes, not fewer than the block's input ({x.nbytes} bytes)"
     return readers
-
-
-# ---------------------------------------------------------------- Hermitian-compact kept spectra
-# A real map's spectrum is Hermitian: in the one-sided layout, column 0 at row frequency -r is the
-# conjugate of column 0 at +r, and its self-mirrored entries (frequency 0, and H/2 on an even grid)
-# are real. A held spectrum keeps only column 0's real degrees of freedom (a few per cent of the
-# spectrum) and gets the rest back, exactly, before the recompute reads it.
-@functools.lru_cache(maxsize=256)
-def _compaction(band: SpectralBand, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For the stacked ``(2F, ...)`` spectrum: the rows a compact one keeps; for every row its
-    place in the compact one (a mirrored row: its mirror's); and the sign that restores it
-    (-1: a mirror's imaginary part, 0: the imaginary part of a real entry)."""
-    rows, _ = band_frequencies(band)  # the one statement of the row order
-    height, k, f = band.grid[0], band.cols, band.kept
-    frequency = rows.remainder(height).tolist()
-    row_of = {r: j for j, r in enumerate(frequency)}
-    mirror = [row_of[(-r) % height] for r in frequency]
-    dropped = torch.zeros(2 * f, dtype=torch.bool)
-    sign = torch.ones(2 * f)
-    place = torch.arange(2 * f)
-    for j, m in enumerate(mirror):
-        if m < j:  # column 0 at row j is the conjugate of column 0 at row m
-            dropped[[j * k, f + j * k]] = True
-            place[[j * k, f + j * k]] = place[[m * k, f + m * k]]
-            sign[f + j * k] = -1.0
-        elif m == j:  # real
-            dropped[f + j * k] = True
-            sign[f + j * k] = 0.0
-    compact_place = torch.cumsum(~dropped, 0) - 1
-    place = compact_place[place].clamp(min=0)
-    keep = torch.nonzero(~dropped).squeeze(1)
-    return keep.to(device), place.to(device), sign.to(device)
-
-
-class _Compact(torch.autograd.Function):
-    # ``index_select`` would save its (shared, cached) index for backward: it is not the block's.
-    @staticmethod
-    def forward(ctx, spec: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.keep, ctx.full = keep, spec.shape
-        return spec.reshape(-1, *spec.shape[2:]).index_select(0, keep)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        full = grad.new_zeros(ctx.full)
-        full.view(-1, *ctx.full[2:]).index_copy_(0, ctx.keep, grad)
-        return full, None
-
-
-def compact_spectrum(spec: torch.Tensor, band: SpectralBand) -> torch.Tensor:
-    """A kept spectrum ``(2, F, N, C)`` of a real map as ``(M, N, C)``: column 0's real degrees of
-    freedom only (see :func:`expand_spectrum`)."""
-    keep, _, _ = _compaction(band, spec.device)
-    return _Compact.apply(spec, keep)
-
-
-def expand_spectrum(compact: torch.Tensor, band: SpectralBand) -> torch.Tensor:
-    """The ``(2, F, N, C)`` spectrum :func:`compact_spectrum` was made from (a Hermitian one)."""
-    _, place, sign = _compaction(band, compact.device)
-    full = compact.index_select(0, place).mul_(sign.to(compact.dtype).view(-1, *[1] * (compact.dim() - 1)))
-    return full.view(2, band.kept, *compact.shape[1:])
 
 
 class _Hold(torch.autograd.Function):
@@ -359,20 +302,20 @@ def _region(
     module: nn.Module, plan: BlockPlan, readers: list[_Reader], out_dtype: torch.dtype, *held: torch.Tensor
 ) -> tuple[Any, ...]:
     env: dict[fx.Node, Any] = {}
-    for reader, kept in zip(readers, held):
-        conv: Any = reader.conv
-        spatial_dims = len(conv.kernel_size)
-        if reader.plan is not None:
-            spectrum = expand_spectrum(kept, reader.plan.band)
-            env[reader.node] = conv_from_spectrum(
-                spectrum, conv.weight, conv.bias, reader.plan, spatial_dims, out_dtype
-            )
-        else:
-            env[reader.node] = conv_function(spatial_dims)(
-                kept, conv.weight, conv.bias, 1, 0, conv.dilation, conv.groups
-            )
-    with keeping_spectra():
-        _run(module, plan.region, env, keep=plan.outputs)
+    with checkpointed_region(held):  # the readers' convolutions save the held spectra themselves
+        for reader, kept in zip(readers, held):
+            conv: Any = reader.conv
+            spatial_dims = len(conv.kernel_size)
+            if reader.plan is not None:
+                env[reader.node] = conv_from_spectrum(
+                    kept, conv.weight, conv.bias, reader.plan, spatial_dims, out_dtype
+                )
+            else:
+                env[reader.node] = conv_function(spatial_dims)(
+                    kept, conv.weight, conv.bias, 1, 0, conv.dilation, conv.groups
+                )
+        with keeping_spectra():
+            _run(module, plan.region, env, keep=plan.outputs)
     return tuple(env[node] for node in plan.outputs)
 
 
@@ -428,8 +371,7 @@ def checkpoint_from_spectrum(
     held = []
     for reader in readers:
         if reader.plan is not None:
-            spectrum = analyse(x, reader.plan, len(reader.conv.kernel_size))
-            held.append(_Hold.apply(compact_spectrum(spectrum, reader.plan.band)))
+            held.append(_Hold.apply(analyse(x, reader.plan, len(reader.conv.kernel_size))))
             reader.conv.achieved_compression = reader.plan.band.compression
         else:
             # a copy, not a view: x's storage is freed

@@ -437,3 +437,29 @@ def test_a_strided_stem_keeps_its_output_as_before() -> None:
         out = lean(x)
     mask = pack_mask(torch.ones(out.shape, dtype=torch.bool)).nbytes
     assert meter.bytes > x.nbytes + mask + 2 * 16 * 4  # BatchNorm keeps the output's spectrum
+
+
+@pytest.mark.parametrize("algorithm", ["spectral", "spatial"])
+def test_in_a_checkpointed_region_a_conv_keeps_the_held_input_and_hands_no_spectrum_on(algorithm: str) -> None:
+    # The checkpoint holds its unit's input until the recompute: a smaller form of it (the kept
+    # spectrum, the band projection) would be a second copy, and a spectrum handed to the next
+    # BatchNorm would be rebuilt at full size inside the unit's own backward.
+    torch.manual_seed(0)
+    x = torch.randn(4, 8, 16, 16, requires_grad=True)
+    w = torch.randn(8, 8, 3, 3, requires_grad=True)
+
+    def conv() -> tuple[torch.Tensor, int, str]:
+        with SavedTensorMeter(exclude=(w,)) as meter:
+            out = fft_conv2d(x, w, padding=1, compression=0.5, memory_lean=True, algorithm=algorithm)
+            found = sources.lookup(out)  # valid under the hooks it was published under
+        return out, meter.bytes, type(found[0]).__name__ if found else "none"
+
+    outside, outside_bytes, outside_recipe = conv()
+    with sources.checkpointed_region([x]):
+        inside, inside_bytes, inside_recipe = conv()
+    assert outside_bytes < x.nbytes  # a smaller form of the input, where nothing else holds it
+    assert inside_bytes == x.nbytes
+    assert inside_recipe in ("Saved", "none")
+    if algorithm == "spectral":
+        assert outside_recipe == "Spectrum"
+    torch.testing.assert_close(inside, outside)

@@ -17,7 +17,13 @@ from lightning_bandlimit.functional.band_projection import projection_plan_for
 from lightning_bandlimit.functional.dft_plan import DFTPlan
 from lightning_bandlimit.functional.geometry import ConvGeometry, IntOrTuple
 from lightning_bandlimit.functional.lean.ops import lean_conv, lean_wanted
-from lightning_bandlimit.functional.lean.sources import Saved, keeps_spectra, lookup, publish
+from lightning_bandlimit.functional.lean.sources import (
+    Saved,
+    in_checkpointed_region,
+    keeps_spectra,
+    lookup,
+    publish,
+)
 from lightning_bandlimit.functional.spatial_conv import spatial_conv
 from lightning_bandlimit.functional.spectral_kernel import (
     KEEP_SMALLER,
@@ -82,7 +88,11 @@ def band_limited_conv(
     source, tensors = found if found is not None else (None, ())
     out_numel = batched.shape[0] * weight.shape[0] * geometry.out_size[0] * geometry.out_size[1]
     spectrum_numel = 2 * plan.band.kept * batched.shape[0] * weight.shape[0]
-    publish_spectrum = lean and spectrum_numel * itemsize(compute_dtype) < out_numel * itemsize(out_dtype)
+    publish_spectrum = (
+        lean
+        and not in_checkpointed_region()
+        and spectrum_numel * itemsize(compute_dtype) < out_numel * itemsize(out_dtype)
+    )
     if algorithm == "auto":
         if grads is None:
             grad = torch.is_grad_enabled()

@@ -24,7 +24,7 @@ from lightning_bandlimit.functional.band_projection import (
     reduce_input,
 )
 from lightning_bandlimit.functional.dft_plan import batch_slices
-from lightning_bandlimit.functional.lean.sources import Saved, Source, rebuild
+from lightning_bandlimit.functional.lean.sources import Saved, Source, held, rebuild
 
 __all__ = ["SpatialConvFunction", "spatial_conv"]
 
@@ -64,7 +64,7 @@ class SpatialConvFunction(torch.autograd.Function):
             source, kept = None, ()
         elif keep == KEEP_SMALLER and source is not None:
             kept = source_tensors
-        elif keep == KEEP_SMALLER and input.nbytes <= z.nbytes:
+        elif keep == KEEP_SMALLER and (input.nbytes <= z.nbytes or held(input)):
             source, kept = Saved(), (input,)
         else:
             source, kept = None, (z,)

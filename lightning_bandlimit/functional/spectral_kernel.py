@@ -40,7 +40,15 @@ from lightning_bandlimit.functional.dft_plan import (
 )
 from lightning_bandlimit.functional.geometry import IntOrTuple, resolve_geometry
 from lightning_bandlimit.functional.lean.ops import conv_dtype
-from lightning_bandlimit.functional.lean.sources import Saved, Source, publish, rebuild, reuse
+from lightning_bandlimit.functional.lean.sources import (
+    Saved,
+    Source,
+    held,
+    in_checkpointed_region,
+    publish,
+    rebuild,
+    reuse,
+)
 
 __all__ = ["KEEP_SMALLER", "KEEP_SPECTRUM", "FFTConvFunction", "Spectrum", "analyse", "as_2d"]
 __all__ += [
@@ -319,7 +327,7 @@ class FFTConvFunction(torch.autograd.Function):
         x_spec_bytes = 2 * plan.band.kept * n * channels * w.element_size()
         if not ctx.needs_input_grad[1]:
             source = None
-        elif keep == KEEP_SMALLER and source is None and input.nbytes <= x_spec_bytes:
+        elif keep == KEEP_SMALLER and source is None and (input.nbytes <= x_spec_bytes or held(input)):
             source, source_tensors = Saved(), (input,)
         elif keep == KEEP_SPECTRUM or source is None:
             source = None
@@ -541,7 +549,7 @@ def conv_from_spectrum(
     with torch.autocast(x_spec.device.type, enabled=False):
         out, y_spec = _SpectralConv.apply(x_spec, weight, bias, plan, spatial_dims, out_dtype)
     if memory_lean:
-        if y_spec.nbytes < out.nbytes:
+        if y_spec.nbytes < out.nbytes and not in_checkpointed_region():
             spectrum = Spectrum(plan, bias is not None, spatial_dims, out_dtype)
             publish(out, spectrum, (y_spec,) if bias is None else (y_spec, bias))
         else:

@@ -17,6 +17,8 @@ import torch
 import torch.utils.checkpoint
 from torch.utils import _pytree as pytree
 
+from lightning_bandlimit.functional.lean.sources import checkpointed_region
+
 __all__ = ["RecomputeMismatch", "checkpoint_call"]
 
 _STOP = getattr(torch.utils.checkpoint, "_StopRecomputationError", ())
@@ -67,9 +69,11 @@ def checkpoint_call(
         call_args, call_kwargs = pytree.tree_unflatten(values, spec)
         if not recomputing[0]:
             recomputing[0] = True
-            return function(*call_args, **call_kwargs)
+            with checkpointed_region(tensors):
+                return function(*call_args, **call_kwargs)
         try:
-            return function(*call_args, **call_kwargs)
+            with checkpointed_region(tensors):
+                return function(*call_args, **call_kwargs)
         except _STOP:  # torch's own signal that the recompute has rebuilt what backward needs
             raise
         except Exception as error:

@@ -36,6 +36,9 @@ __all__ = [
     "Saved",
     "Source",
     "affine",
+    "checkpointed_region",
+    "held",
+    "in_checkpointed_region",
     "keeping_spectra",
     "keeps_spectra",
     "lookup",
@@ -294,3 +297,52 @@ def keeping_spectra() -> Iterator[None]:
 def keeps_spectra() -> bool:
     """Whether :func:`keeping_spectra` is in force."""
     return _MODE.keep_spectra
+
+
+# ---------------------------------------------------------------- inside a checkpointed unit
+class _Region(threading.local):
+    def __init__(self) -> None:
+        self.depth = 0
+        self.held: dict[int, tuple[weakref.ReferenceType, int]] = {}
+
+
+_REGION = _Region()
+
+
+@contextlib.contextmanager
+def checkpointed_region(inputs: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Within this block (a checkpointed unit's forward and its recompute), memory-lean ops save
+    what costs least *there*: the checkpoint holds ``inputs`` until the recompute anyway, so an op
+    reading one saves the tensor itself, not a smaller form of it (a kept spectrum, a band
+    projection), which would be a second copy; and band-limited convolutions hand no output
+    spectrum on, since what is saved lives only during the unit's own backward, where rebuilding
+    the full output from a spectrum would raise the peak it was meant to lower.
+
+    Example:
+        >>> x = torch.randn(2, 3)
+        >>> with checkpointed_region([x]):
+        ...     held(x), in_checkpointed_region()
+        (True, True)
+        >>> held(x), in_checkpointed_region()
+        (False, False)
+    """
+    previous = _REGION.held
+    _REGION.held = {**previous, **{id(t): (weakref.ref(t), t._version) for t in inputs}}
+    _REGION.depth += 1
+    try:
+        yield
+    finally:
+        _REGION.depth -= 1
+        _REGION.held = previous
+
+
+def in_checkpointed_region() -> bool:
+    """Whether :func:`checkpointed_region` is in force."""
+    return _REGION.depth > 0
+
+
+def held(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is an input of the :func:`checkpointed_region` in force (and not changed
+    in place since it entered)."""
+    entry = _REGION.held.get(id(tensor))
+    return entry is not None and entry[0]() is tensor and entry[1] == tensor._version
