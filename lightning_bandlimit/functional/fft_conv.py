@@ -19,7 +19,7 @@ from lightning_bandlimit.functional.geometry import ConvGeometry, IntOrTuple
 from lightning_bandlimit.functional.lean.ops import lean_conv, lean_wanted
 from lightning_bandlimit.functional.lean.sources import (
     Saved,
-    in_checkpointed_region,
+    hands_spectrum_on,
     keeps_spectra,
     lookup,
     publish,
@@ -88,10 +88,8 @@ def band_limited_conv(
     source, tensors = found if found is not None else (None, ())
     out_numel = batched.shape[0] * weight.shape[0] * geometry.out_size[0] * geometry.out_size[1]
     spectrum_numel = 2 * plan.band.kept * batched.shape[0] * weight.shape[0]
-    publish_spectrum = (
-        lean
-        and not in_checkpointed_region()
-        and spectrum_numel * itemsize(compute_dtype) < out_numel * itemsize(out_dtype)
+    publish_spectrum = lean and hands_spectrum_on(
+        spectrum_numel * itemsize(compute_dtype), out_numel * itemsize(out_dtype)
     )
     if algorithm == "auto":
         if grads is None:

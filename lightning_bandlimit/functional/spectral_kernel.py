@@ -43,8 +43,8 @@ from lightning_bandlimit.functional.lean.ops import conv_dtype
 from lightning_bandlimit.functional.lean.sources import (
     Saved,
     Source,
+    hands_spectrum_on,
     held,
-    in_checkpointed_region,
     publish,
     rebuild,
     reuse,
@@ -549,7 +549,7 @@ def conv_from_spectrum(
     with torch.autocast(x_spec.device.type, enabled=False):
         out, y_spec = _SpectralConv.apply(x_spec, weight, bias, plan, spatial_dims, out_dtype)
     if memory_lean:
-        if y_spec.nbytes < out.nbytes and not in_checkpointed_region():
+        if hands_spectrum_on(y_spec.nbytes, out.nbytes):
             spectrum = Spectrum(plan, bias is not None, spatial_dims, out_dtype)
             publish(out, spectrum, (y_spec,) if bias is None else (y_spec, bias))
         else:

@@ -37,6 +37,7 @@ __all__ = [
     "Source",
     "affine",
     "checkpointed_region",
+    "hands_spectrum_on",
     "held",
     "in_checkpointed_region",
     "keeping_spectra",
@@ -314,9 +315,8 @@ def checkpointed_region(inputs: Sequence[torch.Tensor]) -> Iterator[None]:
     """Within this block (a checkpointed unit's forward and its recompute), memory-lean ops save
     what costs least *there*: the checkpoint holds ``inputs`` until the recompute anyway, so an op
     reading one saves the tensor itself, not a smaller form of it (a kept spectrum, a band
-    projection), which would be a second copy; and band-limited convolutions hand no output
-    spectrum on, since what is saved lives only during the unit's own backward, where rebuilding
-    the full output from a spectrum would raise the peak it was meant to lower.
+    projection), which would be a second copy; and band-limited convolutions hand their output
+    on as a spectrum only where it is at most half the output (:func:`hands_spectrum_on`).
 
     Example:
         >>> x = torch.randn(2, 3)
@@ -339,6 +339,27 @@ def checkpointed_region(inputs: Sequence[torch.Tensor]) -> Iterator[None]:
 def in_checkpointed_region() -> bool:
     """Whether :func:`checkpointed_region` is in force."""
     return _REGION.depth > 0
+
+
+def hands_spectrum_on(spectrum_bytes: int, output_bytes: int) -> bool:
+    """Whether a band-limited convolution hands its output to the next lean op as its kept spectrum.
+
+    Outside a :func:`checkpointed_region`, whenever the spectrum is the smaller. Inside one, what
+    is saved lives only during the unit's own backward, where the next op rebuilds the full output
+    from the spectrum while the spectrum is still held: handing it on lowers memory by at most
+    ``output - spectrum`` (before that rebuild) and raises it by at most ``spectrum`` (during it),
+    so only a spectrum at most half the output is handed on.
+
+    Example:
+        >>> hands_spectrum_on(60, 100)
+        True
+        >>> with checkpointed_region([]):
+        ...     hands_spectrum_on(60, 100), hands_spectrum_on(40, 100)
+        (False, True)
+    """
+    if in_checkpointed_region():
+        return 2 * spectrum_bytes <= output_bytes
+    return spectrum_bytes < output_bytes
 
 
 def held(tensor: torch.Tensor) -> bool:
