@@ -440,7 +440,9 @@ def test_a_strided_stem_keeps_its_output_as_before() -> None:
 
 
 @pytest.mark.parametrize("algorithm", ["spectral", "spatial"])
-def test_in_a_checkpointed_region_a_conv_keeps_the_held_input_and_hands_no_spectrum_on(algorithm: str) -> None:
+def test_in_a_checkpointed_region_a_conv_keeps_the_held_input_and_hands_no_spectrum_on(
+    algorithm: str,
+) -> None:
     # The checkpoint holds its unit's input until the recompute: a smaller form of it (the kept
     # spectrum, the band projection) would be a second copy, and a spectrum handed to the next
     # BatchNorm would be rebuilt at full size inside the unit's own backward.

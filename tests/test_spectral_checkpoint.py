@@ -254,8 +254,6 @@ def test_the_recomputed_region_drops_each_feature_map_after_its_last_use() -> No
     assert alive_at_bn2 == [False, False]  # the forward, then the recompute
 
 
-
-
 def test_a_block_whose_readers_together_keep_more_than_its_input_falls_back() -> None:
     # A downsampling block at a small compression: conv1's kept spectrum alone is smaller than
     # the input, with the shortcut's pixels it is not; ordinary checkpointing keeps less.
