@@ -184,6 +184,7 @@ class LadderController:
         self._expected: tuple[Setting, float] | None = None  # a change's target and predicted peak
         self._last: tuple[Setting, float] | None = None  # the last check's setting and free bytes
         self._growth: list[float | None] = [None, None]  # others' growth over the last two checks
+        self._held: list[float | None] = [None, None]  # the last two seen while the job held
 
     # -- what the job tells the controller -------------------------------------------------
 
@@ -354,7 +355,11 @@ class LadderController:
         if reading.free < low:
             self._calm = 0
             deficit = (low - reading.free + surprise + trend) * (1 + self.margin)
-            return self._change(self._raise(current, deficit), current, RAISE, reading.free, low)
+            # others still growing would take the job over budget by the next check if the
+            # change freed nothing: no try of a rung or compression whose memory is unknown
+            ramp = 0.0 if None in self._held else max(0.0, min(self._held))  # type: ignore[type-var]
+            sure = ramp > 0 and reading.free < ramp
+            return self._change(self._raise(current, deficit, sure), current, RAISE, reading.free, low)
         if current.rung > self.top:  # above a rung that left the ladder: the same memory, faster
             return self._change(Setting(self.top, current.compression), current, LOWER, reading.free, low)
         if reading.free < high:
@@ -368,18 +373,30 @@ class LadderController:
     def _trend(self, current: Setting, free: float) -> float:
         """Others' growth expected by the next check: the smaller of their last two growths
         seen while the job held its setting (a sustained ramp goes on), so ``0`` after a single
-        jump (a step: the co-tenant took what it takes) or a change of the job's own."""
+        jump (a step: the co-tenant took what it takes) or a change of the job's own. The
+        smaller of the last two held growths before any such change is kept as ``ramp``."""
         held = self._last is not None and self._last[0] == current
-        self._growth = [self._growth[1], self._last[1] - free if held else None]  # type: ignore[index]
+        growth = self._last[1] - free if held else None  # type: ignore[index]
+        self._growth = [self._growth[1], growth]
+        if growth is not None:
+            self._held = [self._held[1], growth]
         self._last = (current, float(free))
         if None in self._growth:
             return 0.0
         return max(0.0, min(self._growth))  # type: ignore[type-var]
 
-    def _raise(self, current: Setting, deficit: float) -> Setting:
+    def _raise(self, current: Setting, deficit: float, sure: bool = False) -> Setting:
+        """The setting for a shortfall of ``deficit`` bytes at ``current``; ``sure``: the job
+        would overdraw by the next check if the change freed nothing, so the exact lever is not
+        tried whole on the chance that an unvisited rung frees enough (a hinted rung still is)."""
         now = self.predict(current)
         exact = current.compression <= self.min_compression
         no_lossy = self.max_compression <= self.min_compression
+        safe_end = (
+            Setting(self.top, self.min_compression)
+            if no_lossy
+            else Setting(self.lossy_rung, self.max_compression)
+        )
         if exact and current.rung < self.top:
             measured = self.rung_memory.points
             if now is not None:
@@ -387,12 +404,12 @@ class LadderController:
                     freed = now - measured[rung] if rung in measured else self._hinted_saving(rung, now)
                     if freed is not None and freed >= deficit:
                         return Setting(rung, self.min_compression)
-            if self.top not in measured or now is None or no_lossy:
+            if no_lossy or (not sure and (self.top not in measured or now is None)):
                 # a rung not visited may fit (its saving is unknown), or nothing else is known,
                 # or there is no lossy lever: the whole exact lever at once
                 return Setting(self.top, self.min_compression)
         if no_lossy:
-            return Setting(self.top, self.min_compression)
+            return safe_end
         lossy = self.lossy_rung
         above = [
             c for c in self._grid(self.min_compression, self.max_compression)[1:] if c > current.compression
@@ -403,7 +420,7 @@ class LadderController:
         if exact and self.top > 0 and not self.continuum_on_top:
             return Setting(0, self.max_compression)  # from the top rung to rung 0, nothing known
         if self._raise_did_not_lower(current):
-            return Setting(lossy, self.max_compression)  # the safe end, not another step into the unknown
+            return safe_end  # not another step into the unknown
         return Setting(lossy, self.clamp(current.compression + self.raise_step))
 
     def _raise_did_not_lower(self, current: Setting) -> bool:
@@ -425,7 +442,14 @@ class LadderController:
         if not below or self.stage_savings is None:
             return None
         lower = int(max(below))
-        return now - measured[lower] + self._saved(rung) - self._saved(lower)
+        ratio = 1.0  # of its stages' saved bytes, what the last climb measured freed at the peak
+        under = [r for r in measured if r < lower]
+        if under:
+            previous = int(max(under))
+            kept = self._saved(lower) - self._saved(previous)
+            if kept > 0:
+                ratio = min(1.0, max(0.0, (measured[previous] - measured[lower]) / kept))
+        return now - measured[lower] + ratio * (self._saved(rung) - self._saved(lower))
 
     def _least_compression(self, needs: float, candidates: Iterable[float]) -> float | None:
         """The first of ``candidates`` (on the lossy rung) predicted to need at most ``needs``
@@ -481,7 +505,7 @@ class LadderController:
         self._since_change = 0
         self._calm = 0
         self._expected = None
-        self._last, self._growth = None, [None, None]
+        self._last, self._growth, self._held = None, [None, None], [None, None]
 
     def on_oom(self, current: Setting) -> Setting:
         """The setting to retry an out-of-memory step with: the top rung if below it, else more
@@ -521,6 +545,7 @@ class LadderController:
             "expected": _saved_value(self._expected),
             "last": _saved_value(self._last),
             "growth": list(self._growth),
+            "held_growth": list(self._held),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -541,6 +566,8 @@ class LadderController:
         self._expected, self._last = (_setting_value(state.get(key)) for key in ("expected", "last"))
         growth = state.get("growth") or [None, None]
         self._growth = [None if g is None else float(g) for g in growth]
+        held = state.get("held_growth") or [None, None]
+        self._held = [None if g is None else float(g) for g in held]
         if saved_rungs != self.rungs:
             return
         self.top = min(int(state.get("top", self.rungs)), self.rungs)

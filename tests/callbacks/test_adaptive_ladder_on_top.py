@@ -58,10 +58,12 @@ def test_past_the_exact_rungs_the_ladder_compresses_on_the_top_rung(
     assert all(c == 0 for _, _, c in timeline[: lossy[0]])  # exact rungs first
     assert max(r for _, r, _ in timeline[: lossy[0]]) >= 1
     # in the steps that ran compressed on the top rung the high-resolution blocks kept their
-    # spectrum; on the 8x8 and 4x4 maps the padded grid's band is larger than the map itself, and
-    # those blocks kept their input (said once, with the reason)
+    # spectrum (a downsampling block only where its spectrum and its shortcut's pixels together
+    # are smaller than its input: from c = 0.45 at 32x32); on the 8x8 and 4x4 maps the padded
+    # grid's band is larger than the map itself, and those blocks kept their input (said once,
+    # with the reason)
     for i in lossy[:-1]:
-        assert spy.kept_spectrum[timeline[i][0] + 1] >= 4, (timeline[i], spy.kept_spectrum)
+        assert spy.kept_spectrum[timeline[i][0] + 1] >= 3, (timeline[i], spy.kept_spectrum)
     assert "checkpointed units keep their full input" in caplog.text
     assert "is not smaller than the block's input" in caplog.text
     released = timeline[lossy[-1] + 1 :]  # the lossy part given back first, then the rungs

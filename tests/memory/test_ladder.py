@@ -748,3 +748,33 @@ def test_a_rung_that_frees_a_quarter_of_what_its_stages_keep_stays() -> None:
     plain = _ladder()  # stage savings unknown: no rung can be judged
     plain.observe(FLOOR, 5000)
     assert plain.observe(Setting(4, 0.0), 5000) is None and plain.top == 4
+
+
+def test_a_hinted_rung_is_discounted_by_what_the_last_climb_freed() -> None:
+    ladder = _rung0()
+    ladder.observe(Setting(1, 0.0), 4850)  # stage 1 keeps 300 for backward; the peak fell by 150
+    # short by 120 on rung 1: stage 2's 200 saved bytes, at the half the last climb freed, are 100
+    decision = ladder.decide(_reading(880), Setting(1, 0.0))
+    assert decision.setting == Setting(3, 0.0)  # stages 2-3 hinted at 150: the first that fits
+
+
+def _ramp_then_short(ladder: LadderController, frees: list[int]) -> Setting:
+    setting = Setting(2, 0.0)
+    for free in frees:
+        setting = ladder.decide(_reading(free), setting).setting
+    return setting
+
+
+@pytest.mark.parametrize("frees", [[1900, 1600, 1300, 250], [1900, 1900, 1900, 250]])
+def test_a_ramp_that_would_overdraw_is_not_met_with_an_untried_rung(frees: list[int]) -> None:
+    # rungs 0-2 measured, rung 2 freeing a quarter of what its stage keeps: rungs 3-4 are hinted
+    # at too little. Others grew 300 per check and the job has 250 free: if an untried rung freed
+    # nothing it would overdraw by the next check, so the continuum starts instead. After a
+    # single jump (no growth before it) the whole exact lever is still tried first.
+    ladder = _rung0()
+    ladder.set_continuum_on_top(True)
+    ladder.observe(Setting(1, 0.0), 4700)
+    ladder.observe(Setting(2, 0.0), 4650)
+    setting = _ramp_then_short(ladder, frees)
+    ramp = frees[1] < frees[0]
+    assert setting == (Setting(4, 0.2) if ramp else Setting(4, 0.0))
