@@ -223,6 +223,7 @@ class _Reader:
 
 def _readers(module: nn.Module, plan: BlockPlan, x: torch.Tensor) -> list[_Reader] | str:
     readers: list[_Reader] = []
+    held = 0  # what the readers keep together
     for node in plan.readers:
         conv: Any = module.get_submodule(str(node.target))
         spatial_dims = len(conv.kernel_size)
@@ -252,18 +253,16 @@ def _readers(module: nn.Module, plan: BlockPlan, x: torch.Tensor) -> list[_Reade
                     f"input ({x.nbytes} bytes) at compression {conv.compression}"
                 )
             readers.append(_Reader(node, conv, band))
+            held += kept
         elif (
             all(k == 1 for k in conv.kernel_size)
             and conv.padding in ("valid", (0,) * spatial_dims)
             and math.prod(conv.stride) > 1
         ):
             readers.append(_Reader(node, conv))
+            held += x.nbytes // math.prod(conv.stride)
         else:
             return f"{node.target} ({type(conv).__name__}) is not band-limited and reads every pixel"
-    held = sum(
-        spectrum_bytes(x, r.plan) if r.plan is not None else x.nbytes // math.prod(r.conv.stride)
-        for r in readers
-    )
     if held >= x.nbytes:
         return f"its readers together keep {held} bytes, not fewer than the block's input ({x.nbytes} bytes)"
     return readers

@@ -67,20 +67,19 @@ def checkpoint_call(
         for i, tensor in zip(places, tensors):
             values[i] = tensor
         call_args, call_kwargs = pytree.tree_unflatten(values, spec)
-        if not recomputing[0]:
-            recomputing[0] = True
-            with checkpointed_region(tensors):
+        with checkpointed_region(tensors):
+            if not recomputing[0]:
+                recomputing[0] = True
                 return function(*call_args, **call_kwargs)
-        try:
-            with checkpointed_region(tensors):
+            try:
                 return function(*call_args, **call_kwargs)
-        except _STOP:  # torch's own signal that the recompute has rebuilt what backward needs
-            raise
-        except Exception as error:
-            raise RecomputeMismatch(
-                f"the recompute of checkpointed unit {name!r} failed where its forward ran "
-                f"({type(error).__name__}: {error})"
-            ) from error
+            except _STOP:  # torch's own signal that the recompute has rebuilt what backward needs
+                raise
+            except Exception as error:
+                raise RecomputeMismatch(
+                    f"the recompute of checkpointed unit {name!r} failed where its forward ran "
+                    f"({type(error).__name__}: {error})"
+                ) from error
 
     return torch.utils.checkpoint.checkpoint(
         run, *(leaves[i] for i in places), use_reentrant=False, context_fn=context_fn

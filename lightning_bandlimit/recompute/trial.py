@@ -66,8 +66,11 @@ def trial(
         # a gradient that is zero but for round-off (a convolution's bias before a training-mode
         # BatchNorm) is compared at a hundredth of the largest one: its round-off differs
         # whenever the checkpointed unit saves other tensors than the plain one
-        largest = max((t.detach().abs().max().item() for t in a if t is not None and t.numel()), default=0.0)
-        floor = _GRADIENT_FLOOR * largest if what == "gradient" else 0.0
+        floor = 0.0
+        if what == "gradient":
+            floor = _GRADIENT_FLOOR * max(
+                (t.detach().abs().max().item() for t in a if t is not None and t.numel()), default=0.0
+            )
         for i, (x, y) in enumerate(zip(a, b)):
             if x is None or y is None:
                 if (x is None) != (y is None):
