@@ -30,7 +30,7 @@ from lightning_bandlimit import bandlimit
 from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit, StepTimer
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.models import ImageClassifier
-from lightning_bandlimit.saved_tensors import SavedTensorMeter
+from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
 
 
 class TimedAdaptiveBandLimit(AdaptiveBandLimit):

@@ -46,9 +46,9 @@ import lightning
 import lightning.pytorch as pl
 import torch
 
-from lightning_bandlimit.batchnorm import RecentBatches, recalibrate_batchnorm
 from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit
 from lightning_bandlimit.data import SyntheticImageDataModule
+from lightning_bandlimit.layers.batchnorm import RecentBatches, recalibrate_batchnorm
 from lightning_bandlimit.memory import ScriptedProbe
 from lightning_bandlimit.models import ImageClassifier
 

@@ -59,7 +59,7 @@ from torch import nn
 
 from lightning_bandlimit import BandLimitedConv2d
 from lightning_bandlimit.functional import spectral_band
-from lightning_bandlimit.saved_tensors import SavedTensorMeter
+from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = "nn.Conv2d"

@@ -27,11 +27,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lightning_bandlimit.checkpointing import CheckpointStages, checkpoint_units
+from lightning_bandlimit.layers.surgery import bandlimit, set_compression
 from lightning_bandlimit.memory.process import peak_resident_bytes, reset_peak_resident, resident_bytes
 from lightning_bandlimit.models import cifar_resnet18
-from lightning_bandlimit.saved_tensors import SavedTensorMeter
-from lightning_bandlimit.surgery import bandlimit, set_compression
+from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
+from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint_units
 from lightning_bandlimit.utils.files import atomic_write_json
 from lightning_bandlimit.utils.versions import library_versions
 

@@ -24,7 +24,7 @@ Rows ``ckpt`` and ``ckpt c=...``: the same model with every residual block check
 (``checkpoint`` on each of ``checkpoint_units``; in the ``trainer`` path from a callback's
 ``on_fit_start``): the plain model checkpointed as ``torch.utils.checkpoint`` does it, and the
 band-limited model, whose blocks keep only their kept input spectrum
-(:mod:`lightning_bandlimit.spectral_checkpoint`). Beside each row: the median time of the
+(:mod:`lightning_bandlimit.recompute.spectral`). Beside each row: the median time of the
 measured steps (the first step excluded) and its ratio to plain's.
 
 Targets (issue 10): saved bytes <= 1.00 / 0.70 / 0.45 / 0.30 and step peak <= 1.02 / 0.80 /
@@ -108,8 +108,8 @@ class PeakMeter:
 
 
 def _what_was_reduced(model: torch.nn.Module) -> dict[str, int]:
-    from lightning_bandlimit.layers import BandLimitedConvNd
-    from lightning_bandlimit.lean_layers import LeanModule
+    from lightning_bandlimit.layers.band_limited import BandLimitedConvNd
+    from lightning_bandlimit.layers.lean import LeanModule
 
     counts = Counter(
         type(m).__name__ for m in model.modules() if isinstance(m, (LeanModule, BandLimitedConvNd))
@@ -123,9 +123,9 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     from lightning_bandlimit import SavedTensorMeter, bandlimit
     from lightning_bandlimit.callbacks import BandLimit
-    from lightning_bandlimit.checkpointing import checkpoint, checkpoint_units
     from lightning_bandlimit.models import ImageClassifier
     from lightning_bandlimit.models.backbones import build_backbone
+    from lightning_bandlimit.recompute.stages import checkpoint, checkpoint_units
 
     torch.manual_seed(0)
     torch.set_num_threads(spec["threads"])

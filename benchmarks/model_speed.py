@@ -83,8 +83,8 @@ def _label(c: float | None) -> str:
 
 
 def _swapped(model: torch.nn.Module) -> dict[str, int]:
-    from lightning_bandlimit.layers import BandLimitedConvNd
-    from lightning_bandlimit.lean_layers import LeanModule
+    from lightning_bandlimit.layers.band_limited import BandLimitedConvNd
+    from lightning_bandlimit.layers.lean import LeanModule
 
     kinds = (LeanModule, BandLimitedConvNd)
     return dict(sorted(Counter(type(m).__name__ for m in model.modules() if isinstance(m, kinds)).items()))
@@ -101,8 +101,8 @@ def _bare(
     cfg: dict[str, Any], settings: list[float | None], args: argparse.Namespace
 ) -> dict[Any, dict[str, Any]]:
     from lightning_bandlimit import bandlimit
-    from lightning_bandlimit.checkpointing import checkpoint, checkpoint_units
     from lightning_bandlimit.models.backbones import build_backbone
+    from lightning_bandlimit.recompute.stages import checkpoint, checkpoint_units
 
     device, clock = torch.device(args.device), _Clock(torch.device(args.device))
     x = torch.rand(cfg["batch"], 3, cfg["size"], cfg["size"], device=device)

@@ -2,7 +2,7 @@
 
 Every job is the ``quickstart`` recipe (CIFAR ResNet-18 width 8, synthetic data, CPU) trained in
 its own process beside a co-tenant process whose resident memory follows a ramp: low, up a
-quarter into the run, held, gone at 70 % (:mod:`lightning_bandlimit.multitenant`). Both
+quarter into the run, held, gone at 70 % (:mod:`lightning_bandlimit.jobs.multitenant`). Both
 processes' memory is measured in ``/proc`` every step, never modelled; the job processes run
 with ``MALLOC_MMAP_THRESHOLD_=131072`` so that freed tensors leave the resident set (every job:
 like for like).
@@ -52,8 +52,7 @@ import lightning
 import torch
 from _elastic_stats import PairedDifference
 
-from lightning_bandlimit.memory import RampTrace
-from lightning_bandlimit.multitenant import (
+from lightning_bandlimit.jobs.multitenant import (
     HOST_ALLOCATOR_ENV,
     JobResult,
     JobSpec,
@@ -63,6 +62,7 @@ from lightning_bandlimit.multitenant import (
     over_budget,
     plot_timelines,
 )
+from lightning_bandlimit.memory import RampTrace
 from lightning_bandlimit.utils.files import atomic_write_json
 
 MIB = 2**20

@@ -5,7 +5,7 @@
    at width 8), once with plain ``nn.Conv2d`` (**full-spectrum**, what a user would otherwise
    run) and once with ``BandLimit(--compression)`` for the whole run (**band-limited**; BatchNorm
    re-estimated before each validation as in the main job). Each job runs in its own process
-   (:func:`lightning_bandlimit.multitenant.launch`, beside a constant 32-MiB co-tenant that
+   (:func:`lightning_bandlimit.jobs.multitenant.launch`, beside a constant 32-MiB co-tenant that
    does not matter here). A job whose ``result.json`` exists under ``--work`` is reused, so an
    interrupted study resumes.
 2. **Evaluate** every checkpoint with the robustness recipe, the way a user runs it:
@@ -46,8 +46,8 @@ from typing import Any
 import lightning
 import torch
 
-from lightning_bandlimit.main_job import DEFAULT_OVERRIDES
-from lightning_bandlimit.multitenant import JobResult, JobSpec, launch
+from lightning_bandlimit.jobs.main_job import DEFAULT_OVERRIDES
+from lightning_bandlimit.jobs.multitenant import JobResult, JobSpec, launch
 from lightning_bandlimit.recipes.results.study import DECISIVE_LOSS, aggregate, paired_differences, verdicts
 from lightning_bandlimit.recipes.robustness import main as robustness
 from lightning_bandlimit.utils.files import atomic_write_json

@@ -13,7 +13,7 @@ from torch import nn
 
 from lightning_bandlimit import bandlimit
 from lightning_bandlimit.functional import compile as compile_module
-from lightning_bandlimit.layers import BandLimitedConv1d, BandLimitedConv2d
+from lightning_bandlimit.layers.band_limited import BandLimitedConv1d, BandLimitedConv2d
 
 
 class _Block(nn.Module):

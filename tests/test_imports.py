@@ -18,17 +18,20 @@ import lightning_bandlimit
 ROOT = Path(lightning_bandlimit.__file__).resolve().parent
 PACKAGE = "lightning_bandlimit"
 
-# Layers, lowest first: a module may import its own layer and the layers below it only.
+# Rooms, lowest first: a module may import its own room and the rooms below it only.
 LAYERS: list[tuple[str, ...]] = [
     ("utils",),
     ("functional",),
-    ("layers", "lean_layers", "saved_tensors", "batchnorm"),
-    ("surgery", "checkpointing", "spectral_checkpoint", "recompute"),
-    ("memory", "data"),
+    ("layers",),  # band-limited and lean layers, surgery, BatchNorm re-estimation
+    ("recompute",),  # units, switching, spectral recompute, stages, the saved-tensor meter
+    ("ladder",),  # the decision policy, torch-free
+    ("memory", "data"),  # probes (memory re-exports the ladder's names for earlier releases)
     ("strategies", "callbacks"),
     ("models",),  # the example LightningModule may use the strategies' schedules
-    ("recipe_files", "main_summary", "cli", "recipes", "main_job", "multitenant", "__main__"),
+    ("recipes",),
+    ("jobs", "__main__"),  # command line, the main job and its scenario
 ]
+MAX_LINES = 500
 
 
 def _module_name(path: Path) -> str:
@@ -119,7 +122,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_graph_sees_lazy_and_type_checking_imports() -> None:
     graph = _graph()
     # ``main`` imports the robustness recipe inside a function: a lazy import is still an edge
-    assert "lightning_bandlimit.recipes.robustness" in graph["lightning_bandlimit.cli"]
+    assert "lightning_bandlimit.recipes.robustness" in graph["lightning_bandlimit.jobs.cli"]
     # sanity's record type is imported for annotations only, under TYPE_CHECKING
     results = "lightning_bandlimit.recipes.results"
     assert f"{results}.records" in graph[f"{results}.sanity"]
@@ -218,3 +221,46 @@ def test_recipe_rooms_import_downwards(module: str) -> None:
     recipe = [t for t in _graph()[module] if t.startswith(f"{PACKAGE}.recipes.")]
     upward = sorted(t for t in recipe if _room(t) > _room(module))
     assert not upward, f"{module} (room {_room(module)}) imports a later room: {upward}"
+
+
+def test_no_module_is_loose_in_the_package_root() -> None:
+    loose = sorted(p.name for p in ROOT.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert not loose, f"modules loose in the package root (give each a room): {loose}"
+
+
+def test_no_module_is_longer_than_the_limit() -> None:
+    long = {
+        name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines (split them by idea): {long}"
+
+
+def test_the_ladder_room_needs_no_torch() -> None:
+    """The ladder is plain Python: it imports nothing that imports torch (checked on the source)."""
+    for name, path in _modules().items():
+        if name.startswith(f"{PACKAGE}.ladder"):
+            third_party = {
+                alias.name.split(".")[0]
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Import)
+                for alias in node.names
+            } | {
+                (node.module or "").split(".")[0]
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.ImportFrom) and not node.level
+            }
+            assert not third_party & {"torch", "lightning", "numpy"}, f"{name} imports {third_party}"
+            inner = {t.split(".")[1] for t in _graph()[name]}
+            assert inner <= {"ladder", "utils"}, f"{name} imports {inner - {'ladder', 'utils'}}"
+
+
+@pytest.mark.parametrize("old", sorted(lightning_bandlimit.MOVED_MODULES))
+def test_earlier_import_paths_give_the_moved_module(old: str) -> None:
+    import importlib
+    import sys
+
+    new = importlib.import_module(lightning_bandlimit.MOVED_MODULES[old])
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new.__name__}"):
+        module = importlib.import_module(old)
+    assert module is new

@@ -11,23 +11,24 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
-from lightning_bandlimit.batchnorm import Forward
 from lightning_bandlimit.callbacks.band_limit import BandLimit
-from lightning_bandlimit.callbacks.checkpoint_rungs import FallbackReport, find_stages
 from lightning_bandlimit.callbacks.ladder_decisions import agree_across_ranks, decision_record, log_decision
+from lightning_bandlimit.callbacks.ladder_stages import FallbackReport, find_stages
 from lightning_bandlimit.callbacks.out_of_memory import (
     free_memory,
     guard_training_step,
     unguard_training_step,
 )
-from lightning_bandlimit.checkpointing import CheckpointStages, UnitProfile
-from lightning_bandlimit.memory.ladder import LadderController, LadderDecision, Setting
-from lightning_bandlimit.memory.memory_model import OOM
+from lightning_bandlimit.ladder.controller import LadderController
+from lightning_bandlimit.ladder.reasons import OOM
+from lightning_bandlimit.ladder.setting import Decision, Setting
+from lightning_bandlimit.layers.batchnorm import Forward
+from lightning_bandlimit.layers.surgery import Patterns, normalize_patterns
 from lightning_bandlimit.memory.probes import MemoryProbe, ProbeUnavailable, auto_probe
 from lightning_bandlimit.memory.process import release_cached_memory
+from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
+from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile
 from lightning_bandlimit.recompute.trial import trial
-from lightning_bandlimit.saved_tensors import SavedTensorMeter
-from lightning_bandlimit.surgery import Patterns, normalize_patterns
 from lightning_bandlimit.utils.validation import check_choice, check_compression, check_int
 
 LEVERS = ("checkpoint", "compression")
@@ -47,7 +48,7 @@ class AdaptiveBandLimit(BandLimit):
     least lossy first:
 
     1. **Activation checkpointing** (``"checkpoint"`` lever; exact gradients): the model's
-       residual-block-like units (:func:`~lightning_bandlimit.checkpointing.checkpoint_units`,
+       residual-block-like units (:func:`~lightning_bandlimit.recompute.stages.checkpoint_units`,
        or ``checkpoint_units`` patterns) are grouped in stages by output resolution, and rung
        ``r`` checkpoints the first ``r`` stages, highest resolution first. Units are switched
        between optimizer steps, in place (``state_dict`` keys unchanged), in the non-reentrant
@@ -57,10 +58,10 @@ class AdaptiveBandLimit(BandLimit):
        unit is a block whose input reaches its arithmetic only through band-limited
        convolutions, identity and strided 1x1 shortcuts (ResNet basic blocks), checkpointed
        blocks keep only their kept input spectrum
-       (:mod:`lightning_bandlimit.spectral_checkpoint`) and the compression rises **on the top
+       (:mod:`lightning_bandlimit.recompute.spectral`) and the compression rises **on the top
        rung**, shrinking what they keep; otherwise on rung 0, with no unit checkpointed (a block
        checkpointed the ordinary way keeps its full-size input, so above the floor
-       checkpointing stops paying; see :mod:`lightning_bandlimit.memory.ladder`). Units that
+       checkpointing stops paying; see :mod:`lightning_bandlimit.ladder.controller`). Units that
        fall back to ordinary checkpointing at a compression are reported once, with the reason.
 
     Under pressure (free memory below ``min_free``) it jumps at once to the least lossy point
@@ -402,7 +403,7 @@ class AdaptiveBandLimit(BandLimit):
         self._apply(trainer, pl_module, self.controller.decide(reading, self.setting), peak)
 
     def _apply(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: LadderDecision, peak: int | None
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: Decision, peak: int | None
     ) -> None:
         previous = self.setting
         target = decision.setting

@@ -11,10 +11,15 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 from typing_extensions import override
 
-from lightning_bandlimit.batchnorm import Forward, RecentBatches, batchnorm_modules, recalibrate_batchnorm
 from lightning_bandlimit.callbacks._lightning import batches_to_next_validation_or_end
-from lightning_bandlimit.layers import BandLimitedConvNd
-from lightning_bandlimit.surgery import (
+from lightning_bandlimit.layers.band_limited import BandLimitedConvNd
+from lightning_bandlimit.layers.batchnorm import (
+    Forward,
+    RecentBatches,
+    batchnorm_modules,
+    recalibrate_batchnorm,
+)
+from lightning_bandlimit.layers.surgery import (
     Patterns,
     bandlimit,
     bandlimited_layers,
@@ -43,7 +48,7 @@ class BandLimit(Callback):
         include: glob patterns over qualified module names to convert (``"backbone.*"``).
         exclude: glob patterns of modules to leave alone.
         pointwise: also convert 1x1 convolutions (skipped by default, see
-            :mod:`lightning_bandlimit.surgery`).
+            :mod:`lightning_bandlimit.layers.surgery`).
         restore_on_teardown: turn the modules this callback converted back into plain
             convolutions (and plain BatchNorm, ReLU, max-pool) when the Trainer tears down (by
             default the model stays band-limited, and usable either way).
@@ -57,7 +62,7 @@ class BandLimit(Callback):
             ``fit``, and at the end of an epoch or of training when the compression changed
             since, the running statistics of the model's BatchNorm layers are re-estimated over
             the last ``recalibrate_bn`` training batches
-            (:func:`~lightning_bandlimit.batchnorm.recalibrate_batchnorm`: forward passes in train
+            (:func:`~lightning_bandlimit.layers.batchnorm.recalibrate_batchnorm`: forward passes in train
             mode without gradients, the random state untouched; under DDP the ranks' estimates are
             averaged). The running averages otherwise describe the
             old compression, and at a fixed compression they lag behind the weights. Training

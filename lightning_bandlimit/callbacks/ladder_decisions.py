@@ -13,13 +13,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from lightning_bandlimit.memory.ladder import LadderController
+from lightning_bandlimit.ladder.controller import LadderController
+from lightning_bandlimit.ladder.reasons import REASON_CODES
 from lightning_bandlimit.memory.probes import MemoryReading
 
-__all__ = ["REASON_CODES", "agree_across_ranks", "decision_record", "log_decision"]
-
-REASON_CODES = {"lower": -1.0, "hold": 0.0, "raise": 1.0, "oom": 2.0}
-"""The logged ``decision`` value of each reason."""
+__all__ = ["agree_across_ranks", "decision_record", "log_decision"]
 
 
 def agree_across_ranks(

@@ -11,10 +11,10 @@ from typing_extensions import override
 
 from lightning_bandlimit.callbacks.adaptive_band_limit import AdaptiveBandLimit
 from lightning_bandlimit.callbacks.band_limit import BandLimit
-from lightning_bandlimit.checkpointing import is_checkpointed
 from lightning_bandlimit.memory.budget import SharedBudgetProbe
 from lightning_bandlimit.memory.cotenant import CoTenant, RampTrace
 from lightning_bandlimit.memory.process import peak_resident_bytes, reset_peak_resident, resident_bytes
+from lightning_bandlimit.recompute.stages import is_checkpointed
 from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["SharedBudget", "over_budget_steps"]

@@ -427,7 +427,7 @@ def itemsize(dtype: torch.dtype) -> int:
 # ------------------------------------------------- a convolution split at its kept input spectrum
 # ``conv_from_spectrum(analyse(x, plan), ...)`` computes what the spectral algorithm computes from
 # ``x`` (the same operations), with the kept input spectrum as a tensor between the two halves: a
-# checkpointed block keeps that instead of its input (:mod:`lightning_bandlimit.spectral_checkpoint`).
+# checkpointed block keeps that instead of its input (:mod:`lightning_bandlimit.recompute.spectral`).
 def input_plan(
     input: torch.Tensor,
     weight: torch.Tensor,

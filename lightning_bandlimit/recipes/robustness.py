@@ -64,11 +64,11 @@ from typing import Any, NoReturn
 import lightning.pytorch as pl
 import torch
 
-from lightning_bandlimit.main_summary import main_run_checkpoints
 from lightning_bandlimit.recipes.evaluation.evaluate import RobustnessReport, evaluate_robustness, run_plan
 from lightning_bandlimit.recipes.evaluation.loading import load_classifier, resolve_device
 from lightning_bandlimit.recipes.evaluation.plan import EvaluationPlan, plan_evaluation
 from lightning_bandlimit.recipes.results.sanity import SanityCheckError
+from lightning_bandlimit.utils.main_run import main_run_checkpoints
 
 __all__ = [
     "RobustnessReport",
@@ -172,7 +172,7 @@ def _sources(init: Any) -> dict[str, Any]:
 
 def _plan(args: list[str]) -> tuple[EvaluationPlan, bool]:
     """Parse the command line and check everything; (the plan, whether ``--strict``)."""
-    from lightning_bandlimit.recipe_files import resolve_config_args
+    from lightning_bandlimit.utils.recipe_files import resolve_config_args
 
     parser = _parser()
     config = parser.parse_args(resolve_config_args(args))

@@ -2,7 +2,7 @@
 
 :func:`checkpoint` changes the class of a module object to a checkpointed subclass of its own
 class (made once per class); :func:`uncheckpoint` is the exact inverse. See
-:mod:`lightning_bandlimit.checkpointing` for what runs while a unit is checkpointed.
+:mod:`lightning_bandlimit.recompute.stages` for what runs while a unit is checkpointed.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from torch import nn
 from lightning_bandlimit.recompute.arguments import checkpoint_call
 from lightning_bandlimit.recompute.running_stats import running_stats_kept
 from lightning_bandlimit.recompute.segments import Segment
+from lightning_bandlimit.recompute.spectral import checkpoint_from_spectrum
 from lightning_bandlimit.recompute.units import Unit
-from lightning_bandlimit.spectral_checkpoint import checkpoint_from_spectrum
 
 __all__ = ["checkpoint", "is_checkpointed", "uncheckpoint"]
 

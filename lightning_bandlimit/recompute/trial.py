@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from lightning_bandlimit.layers import BandLimitedConvNd
+from lightning_bandlimit.layers.band_limited import BandLimitedConvNd
 from lightning_bandlimit.recompute.running_stats import running_stats_kept
 from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
 
@@ -34,7 +34,7 @@ def trial(
 
     Args:
         name: the unit's name, for the reason.
-        unit: a module or a segment (anything :func:`~lightning_bandlimit.checkpointing.checkpoint`
+        unit: a module or a segment (anything :func:`~lightning_bandlimit.recompute.stages.checkpoint`
             takes).
         args: its positional arguments (recorded samples; tensors that require grad get gradients).
         compression: run the unit's band-limited layers at this compression for the trial (they

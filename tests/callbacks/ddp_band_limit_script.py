@@ -8,7 +8,7 @@ from _helpers import Report, cpu_trainer
 from lightning_bandlimit import bandlimited_layers
 from lightning_bandlimit.callbacks import BandLimit
 from lightning_bandlimit.data import SyntheticImageDataModule
-from lightning_bandlimit.lean_layers import LeanModule
+from lightning_bandlimit.layers.lean import LeanModule
 from lightning_bandlimit.models import ImageClassifier
 
 

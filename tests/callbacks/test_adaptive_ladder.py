@@ -20,12 +20,12 @@ from lightning_bandlimit import bandlimited_layers
 from lightning_bandlimit.callbacks import AdaptiveBandLimit
 from lightning_bandlimit.callbacks import adaptive_band_limit as adaptive_module
 from lightning_bandlimit.callbacks.ladder_decisions import agree_across_ranks
-from lightning_bandlimit.checkpointing import is_checkpointed
 from lightning_bandlimit.data import SyntheticImageDataModule
+from lightning_bandlimit.ladder import Setting
 from lightning_bandlimit.memory import MemoryReading, ScriptedProbe
-from lightning_bandlimit.memory.ladder import Setting
 from lightning_bandlimit.models import ImageClassifier
 from lightning_bandlimit.models.backbones import _BasicBlock
+from lightning_bandlimit.recompute.stages import is_checkpointed
 
 M = 1_000_000
 TOTAL = 100 * M  # min_free 20 MB, release_free 40 MB (SCRIPTED_ADAPTIVE's fractions)

@@ -1,7 +1,7 @@
 """AdaptiveBandLimit with band-limited basic blocks: the compression continuum on the top rung.
 
 Checkpointed band-limited blocks keep only their kept spectrum
-(:mod:`lightning_bandlimit.spectral_checkpoint`), so more compression also shrinks what the
+(:mod:`lightning_bandlimit.recompute.spectral`), so more compression also shrinks what the
 checkpointed blocks keep: past the exact rungs the ladder compresses on the top rung.
 """
 
@@ -12,11 +12,11 @@ from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer
 from lightning.pytorch.callbacks import Callback
 
 from lightning_bandlimit.callbacks import AdaptiveBandLimit
-from lightning_bandlimit.checkpointing import is_checkpointed
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.memory import ScriptedProbe
 from lightning_bandlimit.models import ImageClassifier
-from lightning_bandlimit.spectral_checkpoint import spectral_fallback
+from lightning_bandlimit.recompute.spectral import spectral_fallback
+from lightning_bandlimit.recompute.stages import is_checkpointed
 
 M = 1_000_000
 TOTAL = 100 * M

@@ -17,7 +17,7 @@ from lightning_bandlimit.callbacks.band_limit import (
     compression_from_checkpoint,
 )
 from lightning_bandlimit.data import SyntheticImageDataModule
-from lightning_bandlimit.lean_layers import LeanBatchNorm2d, LeanMaxPool2d, LeanModule, LeanReLU
+from lightning_bandlimit.layers.lean import LeanBatchNorm2d, LeanMaxPool2d, LeanModule, LeanReLU
 from lightning_bandlimit.models import ImageClassifier
 
 

@@ -10,9 +10,9 @@ from torch import nn
 from lightning_bandlimit.functional import fft_conv1d, fft_conv2d, spectral_band
 from lightning_bandlimit.functional.algorithm import choose_algorithm
 from lightning_bandlimit.functional.geometry import resolve_geometry
-from lightning_bandlimit.layers import BandLimitedConv2d
-from lightning_bandlimit.saved_tensors import SavedTensorMeter
-from lightning_bandlimit.surgery import unbandlimit
+from lightning_bandlimit.layers.band_limited import BandLimitedConv2d
+from lightning_bandlimit.layers.surgery import unbandlimit
+from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
 
 CASES_2D = [
     # (H, W, kernel, stride, padding, dilation, groups, padding_mode, compression)

@@ -26,7 +26,7 @@ from lightning_bandlimit.functional.lean.ops import (
     pack_mask,
     unpack_mask,
 )
-from lightning_bandlimit.lean_layers import LeanModule
+from lightning_bandlimit.layers.lean import LeanModule
 
 LAYOUTS = ["contiguous", "channels_last", "transposed", "sliced"]
 

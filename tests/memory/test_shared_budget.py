@@ -10,6 +10,7 @@ from _helpers import cpu_trainer
 
 from lightning_bandlimit.callbacks import AdaptiveBandLimit, SharedBudget
 from lightning_bandlimit.data import SyntheticImageDataModule
+from lightning_bandlimit.jobs.multitenant import JobResult, JobSpec, budget_for, over_budget
 from lightning_bandlimit.memory import CoTenant, ProbeUnavailable, RampTrace, SharedBudgetProbe
 from lightning_bandlimit.memory.process import (
     peak_resident_bytes,
@@ -18,7 +19,6 @@ from lightning_bandlimit.memory.process import (
     resident_bytes,
 )
 from lightning_bandlimit.models import ImageClassifier
-from lightning_bandlimit.multitenant import JobResult, JobSpec, budget_for, over_budget
 
 MIB = 2**20
 

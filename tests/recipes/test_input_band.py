@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from lightning_bandlimit.layers import BandLimitedConv2d
+from lightning_bandlimit.layers.band_limited import BandLimitedConv2d
+from lightning_bandlimit.layers.surgery import bandlimit
 from lightning_bandlimit.models import ImageClassifier
 from lightning_bandlimit.recipes.threats.input_band import input_band
-from lightning_bandlimit.surgery import bandlimit
 
 torch.set_default_dtype(torch.float32)
 

@@ -17,7 +17,7 @@ from torchattacks.attack import Attack
 
 from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit
 from lightning_bandlimit.data import SyntheticImageDataModule
-from lightning_bandlimit.layers import BandLimitedConv2d
+from lightning_bandlimit.layers.band_limited import BandLimitedConv2d
 from lightning_bandlimit.models import ImageClassifier
 from lightning_bandlimit.recipes.attack_suite import (
     THREAT_FULL,

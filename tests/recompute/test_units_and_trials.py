@@ -10,9 +10,9 @@ import torchvision
 from torch import nn
 
 from lightning_bandlimit import bandlimit
-from lightning_bandlimit.checkpointing import CheckpointStages, checkpoint, checkpoint_units, uncheckpoint
 from lightning_bandlimit.recompute.arguments import checkpoint_call
 from lightning_bandlimit.recompute.segments import Segment
+from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint, checkpoint_units, uncheckpoint
 from lightning_bandlimit.recompute.trial import trial
 
 

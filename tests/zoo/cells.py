@@ -19,8 +19,8 @@ from torch import nn
 from zoo.models import batch, build
 
 from lightning_bandlimit import SavedTensorMeter, bandlimit, set_compression
-from lightning_bandlimit.checkpointing import CheckpointStages, checkpoint_units
-from lightning_bandlimit.memory.ladder import LadderController, Setting
+from lightning_bandlimit.ladder import LadderController, Setting
+from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint_units
 
 SEED = 1234
 FLOOR = 1.0  # each gradient's error is relative to max(its norm, FLOOR * the norm of all)

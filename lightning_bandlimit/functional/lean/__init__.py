@@ -8,7 +8,7 @@
   the op that consumes the output keeps the recipe instead of the output.
 
 The band-limited convolutions (:mod:`lightning_bandlimit.functional.fft_conv`) publish their
-outputs here; the modules that use these ops are in :mod:`lightning_bandlimit.lean_layers`.
+outputs here; the modules that use these ops are in :mod:`lightning_bandlimit.layers.lean`.
 """
 
 from lightning_bandlimit.functional.lean.ops import (

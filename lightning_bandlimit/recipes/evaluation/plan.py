@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from lightning_bandlimit.layers.surgery import bandlimited_layers
 from lightning_bandlimit.recipes.attack_suite import (
     ATTACKS,
     AttackSpec,
@@ -39,7 +40,6 @@ from lightning_bandlimit.recipes.evaluation.evaluated_model import EvaluatedMode
 from lightning_bandlimit.recipes.evaluation.evaluation_data import Batches, describe_data, read_batches
 from lightning_bandlimit.recipes.evaluation.loading import Source, load_source, resolve_device
 from lightning_bandlimit.recipes.threats.input_band import BandSubspace
-from lightning_bandlimit.surgery import bandlimited_layers
 from lightning_bandlimit.utils.validation import check_int, check_real
 
 __all__ = ["EvaluationPlan", "plan_evaluation"]

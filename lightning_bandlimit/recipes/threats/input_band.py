@@ -14,7 +14,7 @@ normalisation does), which :func:`input_band` checks numerically on the model it
 
 Example:
     >>> from torch import nn
-    >>> from lightning_bandlimit.surgery import bandlimit
+    >>> from lightning_bandlimit.layers.surgery import bandlimit
     >>> model = bandlimit(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.Flatten()), 0.5).eval()
     >>> band = input_band(model, (3, 16, 16))
     >>> band.layer, band.kept.dims, band.dropped.dims
@@ -36,7 +36,7 @@ from torch import nn
 
 from lightning_bandlimit.functional.band_projection import projection_plan
 from lightning_bandlimit.functional.geometry import resolve_geometry
-from lightning_bandlimit.layers import BandLimitedConv2d
+from lightning_bandlimit.layers.band_limited import BandLimitedConv2d
 from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["MODEL_BANDS", "BandSubspace", "InputBand", "input_band"]

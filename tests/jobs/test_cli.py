@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from lightning_bandlimit.cli import BandLimitCLI, CommandLineError, main, one_line_error, recipe_path, recipes
+from lightning_bandlimit.jobs.cli import (
+    BandLimitCLI,
+    CommandLineError,
+    main,
+    one_line_error,
+    recipe_path,
+    recipes,
+)
 
 TINY = [
     "--trainer.max_epochs",

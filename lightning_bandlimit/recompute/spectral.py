@@ -51,7 +51,7 @@ from lightning_bandlimit.functional.spectral_kernel import (
     input_plan,
     spectrum_bytes,
 )
-from lightning_bandlimit.layers import BandLimitedConvNd
+from lightning_bandlimit.layers.band_limited import BandLimitedConvNd
 
 __all__ = ["BlockPlan", "block_plan", "can_keep_spectrum", "checkpoint_from_spectrum", "spectral_fallback"]
 

@@ -1,10 +1,10 @@
 """The main job's ``summary.json``: where a run keeps it, and the checkpoints it records.
 
-:mod:`lightning_bandlimit.main_job` writes ``runs/main-<timestamp>/summary.json``; its
+:mod:`lightning_bandlimit.jobs.main_job` writes ``runs/main-<timestamp>/summary.json``; its
 ``results`` list holds one entry per variant (``"band-limited"``, ``"full-spectrum"``, and the
 ``"ladder"`` job, marked ``"robustness": false``) with the ``checkpoint`` that variant's job
 saved. The reader lives here, beside the format's name, and
-not in :mod:`~lightning_bandlimit.main_job` itself: the main job runs the robustness recipe,
+not in :mod:`~lightning_bandlimit.jobs.main_job` itself: the main job runs the robustness recipe,
 which reads the summary back, so a reader inside ``main_job`` would make the two import each
 other. Nothing here imports the rest of the package.
 """
@@ -40,7 +40,7 @@ def main_run_dir(main_run: str | Path = "latest", runs_dir: str | Path = "runs")
         if not runs:
             raise FileNotFoundError(
                 f"no main-job run (main-*/{SUMMARY_NAME}) under {str(runs_dir)!r}; run "
-                "`python -m lightning_bandlimit.main_job` first or pass --main_run PATH"
+                "`python -m lightning_bandlimit.jobs.main_job` first or pass --main_run PATH"
             )
         return runs[-1]
     run = Path(main_run)

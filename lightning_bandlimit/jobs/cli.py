@@ -27,18 +27,18 @@ import lightning_bandlimit.callbacks  # noqa: F401
 import lightning_bandlimit.data  # noqa: F401
 import lightning_bandlimit.models  # noqa: F401
 import lightning_bandlimit.strategies  # noqa: F401  (registers "elastic_ddp")
-from lightning_bandlimit.recipe_files import (
-    RECIPES_DIR,
-    RecipeConfigFile,
-    recipe_path,
-    recipes,
-    resolve_config_args,
-)
 from lightning_bandlimit.utils.command_line import (
     CommandLineError,
     debugging,
     exit_with_error,
     one_line_error,
+)
+from lightning_bandlimit.utils.recipe_files import (
+    RECIPES_DIR,
+    RecipeConfigFile,
+    recipe_path,
+    recipes,
+    resolve_config_args,
 )
 
 __all__ = [

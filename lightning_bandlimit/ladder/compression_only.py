@@ -1,6 +1,6 @@
 """Decide the compression from memory headroom: thresholds, hysteresis, cooldown, a learned model.
 
-The controller is plain Python (no Lightning), fed one :class:`~.probes.MemoryReading` per
+The controller is plain Python (no Lightning), fed one memory reading per
 check and, when known, the job's own peak memory at the compression it ran with:
 
 * **Pressure** (free below ``min_free``): raise the compression at once. With a learned
@@ -18,30 +18,19 @@ check and, when known, the job's own peak memory at the compression it ran with:
   (:meth:`CompressionController.on_oom`).
 
 All changes stay within ``[min_compression, max_compression]``. It is the compression-only
-ladder: a :class:`~lightning_bandlimit.memory.ladder.LadderController` with no exact rungs,
+ladder: a :class:`~lightning_bandlimit.ladder.controller.LadderController` with no exact rungs,
 behind the compression-valued interface of earlier releases.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from lightning_bandlimit.memory.ladder import LadderController, Setting
-from lightning_bandlimit.memory.memory_model import HOLD, LOWER, OOM, RAISE, MemoryModel
-from lightning_bandlimit.memory.probes import MemoryReading
+from lightning_bandlimit.ladder.controller import LadderController
+from lightning_bandlimit.ladder.memory_model import MemoryModel
+from lightning_bandlimit.ladder.setting import Decision, FreeMemory, Setting
 
-__all__ = ["HOLD", "LOWER", "OOM", "RAISE", "CompressionController", "Decision", "MemoryModel"]
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One check's outcome: the compression to apply and why (``hold|raise|lower|oom``)."""
-
-    compression: float
-    reason: str
-    free: int
-    threshold: int
+__all__ = ["CompressionController"]
 
 
 class CompressionController:
@@ -66,7 +55,7 @@ class CompressionController:
         >>> from lightning_bandlimit.memory.probes import MemoryReading
         >>> ctl = CompressionController(min_free=0.2, release_free=0.4, max_compression=0.8)
         >>> ctl.decide(MemoryReading(total=100, free=10, source="scripted"), 0.0)
-        Decision(compression=0.2, reason='raise', free=10, threshold=20)
+        Decision(rung=0, compression=0.2, reason='raise', free=10, threshold=20)
     """
 
     def __init__(
@@ -116,10 +105,9 @@ class CompressionController:
         """``c`` within ``[min_compression, max_compression]``."""
         return self.ladder.clamp(c)
 
-    def decide(self, reading: MemoryReading, current: float) -> Decision:
+    def decide(self, reading: FreeMemory, current: float) -> Decision:
         """The compression for the next steps, given a reading taken at ``current``."""
-        d = self.ladder.decide(reading, Setting(0, current))
-        return Decision(d.compression, d.reason, d.free, d.threshold)
+        return self.ladder.decide(reading, Setting(0, current))
 
     def notify_change(self) -> None:
         """Restart the cooldown: a change this controller did not decide was applied (e.g. one

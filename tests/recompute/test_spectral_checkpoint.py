@@ -9,17 +9,17 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from lightning_bandlimit.checkpointing import checkpoint, checkpoint_units, uncheckpoint
 from lightning_bandlimit.functional.lean.ops import pack_mask
 from lightning_bandlimit.functional.spectral_kernel import input_plan, spectrum_bytes
+from lightning_bandlimit.layers.surgery import bandlimit
 from lightning_bandlimit.models import cifar_resnet18
 from lightning_bandlimit.models.backbones import _BasicBlock
-from lightning_bandlimit.saved_tensors import SavedTensorMeter
-from lightning_bandlimit.spectral_checkpoint import (
+from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
+from lightning_bandlimit.recompute.spectral import (
     block_plan,
     spectral_fallback,
 )
-from lightning_bandlimit.surgery import bandlimit
+from lightning_bandlimit.recompute.stages import checkpoint, checkpoint_units, uncheckpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,7 +1,7 @@
 """Activation checkpointing as a run-time lever: switched on and off per module, between steps.
 
 :func:`checkpoint` changes the class of a module object to a checkpointed subclass of its own
-class (made once per class), like :mod:`lightning_bandlimit.surgery` swaps convolutions: the
+class (made once per class), like :mod:`lightning_bandlimit.layers.surgery` swaps convolutions: the
 object, its parameters, buffers, hooks, ``state_dict`` keys and any reference to it stay, and
 :func:`uncheckpoint` is the exact inverse. While checkpointed, a training forward with
 gradients runs through ``torch.utils.checkpoint.checkpoint`` in its non-reentrant mode (the one
@@ -14,9 +14,9 @@ without gradients the module runs as before.
 its arithmetic only through memory-lean band-limited convolutions, identity shortcuts and
 strided 1x1 shortcuts (a ResNet basic block) keeps only what those read, the kept input
 spectrum and the shortcut's stride-grid pixels, and recomputes the rest from them
-(:mod:`lightning_bandlimit.spectral_checkpoint`; outputs and gradients equal to round-off);
+(:mod:`lightning_bandlimit.recompute.spectral`; outputs and gradients equal to round-off);
 other blocks, and these at a full band or on maps too small for the spectrum to be the smaller
-form, fall back to the ordinary way (:func:`~lightning_bandlimit.spectral_checkpoint.spectral_fallback`
+form, fall back to the ordinary way (:func:`~lightning_bandlimit.recompute.spectral.spectral_fallback`
 says why).
 
 **BatchNorm running statistics are updated once per step.** Recomputing a module's forward
@@ -48,14 +48,14 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
-from lightning_bandlimit.recompute.units import Unit, find_units
-from lightning_bandlimit.saved_tensors import SavedTensorMeter
-from lightning_bandlimit.spectral_checkpoint import (
+from lightning_bandlimit.layers.surgery import Patterns, normalize_patterns
+from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
+from lightning_bandlimit.recompute.spectral import (
     can_keep_spectrum,
     spectral_fallback,
 )
-from lightning_bandlimit.surgery import Patterns, normalize_patterns
+from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
+from lightning_bandlimit.recompute.units import Unit, find_units
 
 __all__ = [
     "CheckpointStages",
@@ -124,7 +124,7 @@ class UnitProfile:
     """One training forward seen unit by unit: the stages, and the bytes checkpointing each frees.
 
     Used as a context manager around a forward pass with gradients (the units not checkpointed
-    yet). It is also a :class:`~lightning_bandlimit.saved_tensors.SavedTensorMeter` of the
+    yet). It is also a :class:`~lightning_bandlimit.recompute.saved_tensors.SavedTensorMeter` of the
     whole forward (:attr:`meter`).
 
     * **Stages**: consecutive units (in the order they ran) with the same output shape, ordered
@@ -307,7 +307,7 @@ class CheckpointStages:
 
     def keep_spectrum(self) -> bool:
         """Whether every unit, checkpointed, keeps only its kept spectrum at a band-limiting
-        compression (:func:`~lightning_bandlimit.spectral_checkpoint.can_keep_spectrum`)."""
+        compression (:func:`~lightning_bandlimit.recompute.spectral.can_keep_spectrum`)."""
         return bool(self.units) and all(
             isinstance(m, nn.Module) and can_keep_spectrum(m) for m in self.units.values()
         )

@@ -12,7 +12,7 @@ from lightning_bandlimit import (
     set_compression,
     unbandlimit,
 )
-from lightning_bandlimit.lean_layers import LeanConv2d
+from lightning_bandlimit.layers.lean import LeanConv2d
 
 
 class Net(nn.Module):

@@ -10,14 +10,14 @@ from _helpers import cpu_trainer
 from torch import nn
 from torch.optim.swa_utils import update_bn
 
-from lightning_bandlimit.batchnorm import (
+from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit
+from lightning_bandlimit.data import SyntheticImageDataModule
+from lightning_bandlimit.layers.batchnorm import (
     RecentBatches,
     batchnorm_modules,
     default_forward,
     recalibrate_batchnorm,
 )
-from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit
-from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.memory import ScriptedProbe
 from lightning_bandlimit.models import ImageClassifier
 

@@ -8,7 +8,12 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 
-from lightning_bandlimit.checkpointing import (
+from lightning_bandlimit.layers.surgery import bandlimit
+from lightning_bandlimit.models import cifar_resnet18, small_cnn
+from lightning_bandlimit.models.backbones import _BasicBlock
+from lightning_bandlimit.recompute import switch
+from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
+from lightning_bandlimit.recompute.stages import (
     CheckpointStages,
     UnitProfile,
     checkpoint,
@@ -16,11 +21,6 @@ from lightning_bandlimit.checkpointing import (
     is_checkpointed,
     uncheckpoint,
 )
-from lightning_bandlimit.models import cifar_resnet18, small_cnn
-from lightning_bandlimit.models.backbones import _BasicBlock
-from lightning_bandlimit.recompute import switch
-from lightning_bandlimit.saved_tensors import SavedTensorMeter
-from lightning_bandlimit.surgery import bandlimit
 
 BLOCKS = [str(i) for i in range(3, 11)]  # cifar_resnet18's 8 residual blocks: Sequential indices 3..10
 

@@ -1,13 +1,13 @@
 """The main job: a recipe trained beside a growing co-tenant, plain and memory-aware, then attacked.
 
-``python -m lightning_bandlimit.main_job`` (README command 1) runs the multi-tenant scenario of
-:mod:`lightning_bandlimit.multitenant` on the ``quickstart`` recipe:
+``python -m lightning_bandlimit.jobs.main_job`` (README command 1) runs the multi-tenant scenario of
+:mod:`lightning_bandlimit.jobs.multitenant` on the ``quickstart`` recipe:
 
 1. the **full-spectrum** job: the recipe with plain ``nn.Conv2d`` (what a user would otherwise
    run) beside a co-tenant process whose memory rises a quarter into the run, holds, and
    leaves at 70 %; its resident memory is measured every step;
 2. a **budget** chosen from that measurement so that the plain job does NOT fit beside the
-   co-tenant's peak (:func:`~lightning_bandlimit.multitenant.budget_for`);
+   co-tenant's peak (:func:`~lightning_bandlimit.jobs.multitenant.budget_for`);
 3. the **ladder** job: the same recipe with an
    :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` with both levers, from
    compression 0, on that budget: it checkpoints stages of residual blocks (exact) as the
@@ -47,10 +47,8 @@ from pathlib import Path
 import lightning
 import torch
 
-from lightning_bandlimit.cli import BandLimitCLI, recipe_path
-from lightning_bandlimit.main_summary import SUMMARY_NAME
-from lightning_bandlimit.memory.cotenant import RampTrace
-from lightning_bandlimit.multitenant import (
+from lightning_bandlimit.jobs.cli import BandLimitCLI, recipe_path
+from lightning_bandlimit.jobs.multitenant import (
     HOST_ALLOCATOR_ENV,
     JobResult,
     JobSpec,
@@ -60,6 +58,7 @@ from lightning_bandlimit.multitenant import (
     over_budget,
     plot_timelines,
 )
+from lightning_bandlimit.memory.cotenant import RampTrace
 from lightning_bandlimit.utils.command_line import (
     CommandLineError,
     debugging,
@@ -67,6 +66,7 @@ from lightning_bandlimit.utils.command_line import (
     one_line_error,
 )
 from lightning_bandlimit.utils.files import atomic_write_json
+from lightning_bandlimit.utils.main_run import SUMMARY_NAME
 from lightning_bandlimit.utils.validation import check_real
 
 __all__ = ["main"]
@@ -384,10 +384,10 @@ def main(
 
 
 def _cli(args: list[str] | None = None) -> None:
-    """``python -m lightning_bandlimit.main_job``: a bad argument ends in one line and exit 2."""
+    """``python -m lightning_bandlimit.jobs.main_job``: a bad argument ends in one line and exit 2."""
     from jsonargparse import auto_parser
 
-    prog = "python -m lightning_bandlimit.main_job"
+    prog = "python -m lightning_bandlimit.jobs.main_job"
     parser = auto_parser(main, as_positional=False, exit_on_error=False, prog=prog)
     try:
         config = parser.parse_args(sys.argv[1:] if args is None else args)

@@ -141,7 +141,7 @@ class BandLimitedConvNd:
         A shallow copy of ``conv`` (containers copied, so hooks, buffers and train/eval mode
         carry over and a new ``Parameter`` on the twin does not leak back), converted in place by
         :func:`swap_to_bandlimited`, the one module swap of the package (what
-        :func:`~lightning_bandlimit.surgery.bandlimit` does to a model's own modules; call that to
+        :func:`~lightning_bandlimit.layers.surgery.bandlimit` does to a model's own modules; call that to
         convert a model, and ``unbandlimit`` to turn it back).
 
         Args:
@@ -240,7 +240,7 @@ def swap_to_bandlimited(conv: nn.Module, compression: float, memory_lean: bool) 
 
     The object stays: only its class changes and the band-limited attributes are added, so
     parameters, buffers, hooks and any reference to it stay valid. The swap behind
-    :func:`~lightning_bandlimit.surgery.bandlimit` and :meth:`BandLimitedConvNd.from_conv`; it
+    :func:`~lightning_bandlimit.layers.surgery.bandlimit` and :meth:`BandLimitedConvNd.from_conv`; it
     trusts its arguments (its callers check them).
     """
     conv.__class__ = BANDLIMITED_TWINS[type(conv)]

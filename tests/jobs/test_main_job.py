@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_bandlimit.main_job import _cli, main
-from lightning_bandlimit.multitenant import _main as multitenant_main
+from lightning_bandlimit.jobs.main_job import _cli, main
+from lightning_bandlimit.jobs.multitenant import _main as multitenant_main
 
 # 32 sanity samples (the recipe's default): with 8, one sample the 10-step model gets right by
 # luck under the large-budget PGD was 0.125 > chance and failed about one run in three.
@@ -120,7 +120,7 @@ def test_unknown_recipe_fails_before_any_work(tmp_path: Path) -> None:
 
 # Bad values on the main job's command line (and its jobs'): one line and exit status 2, before any work.
 
-MAIN_JOB = "python -m lightning_bandlimit.main_job: error: "
+MAIN_JOB = "python -m lightning_bandlimit.jobs.main_job: error: "
 
 
 @pytest.mark.slow
@@ -129,7 +129,7 @@ def test_bad_value_is_one_line_from_the_module(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "lightning_bandlimit.main_job",
+            "lightning_bandlimit.jobs.main_job",
             "--budget_below",
             "2",
             "--output_dir",
@@ -212,7 +212,10 @@ def test_a_bad_job_spec_is_one_line(
         multitenant_main([str(path)])
     assert exit_info.value.code == 2
     line = error_line()
-    assert line.startswith(f"python -m lightning_bandlimit.multitenant: error: {path}: ") and message in line
+    assert (
+        line.startswith(f"python -m lightning_bandlimit.jobs.multitenant: error: {path}: ")
+        and message in line
+    )
     assert not (tmp_path / "job" / "result.json").exists()
 
 

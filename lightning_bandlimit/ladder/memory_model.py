@@ -1,12 +1,10 @@
-"""The job's peak memory as a function of a lever's setting, learned online; the reasons of decisions."""
+"""The job's peak memory as a function of a lever's setting, learned online."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HOLD", "LOWER", "OOM", "RAISE", "MemoryModel", "threshold_bytes"]
-
-HOLD, RAISE, LOWER, OOM = "hold", "raise", "lower", "oom"
+__all__ = ["MemoryModel", "threshold_bytes"]
 
 
 class MemoryModel:

@@ -5,8 +5,7 @@ import random
 
 import pytest
 
-from lightning_bandlimit.memory.controller import CompressionController, MemoryModel
-from lightning_bandlimit.memory.ladder import Setting
+from lightning_bandlimit.ladder import CompressionController, MemoryModel, Setting
 from lightning_bandlimit.memory.probes import MemoryReading
 
 TOTAL = 1000

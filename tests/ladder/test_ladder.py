@@ -5,8 +5,7 @@ import random
 import pytest
 from _helpers import simulate_device
 
-from lightning_bandlimit.memory.controller import CompressionController
-from lightning_bandlimit.memory.ladder import LadderController, LadderDecision, Setting
+from lightning_bandlimit.ladder import CompressionController, LadderController, LadderDecision, Setting
 from lightning_bandlimit.memory.probes import MemoryReading
 
 TOTAL = 10_000

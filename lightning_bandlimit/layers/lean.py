@@ -13,8 +13,8 @@ not descend from a band-limited convolution at a compression above 0 (every acti
 Inside ``torch.compile`` they run the plain module's forward too (see ``_plain_forward``): the
 hand-off between lean ops goes through Python-side state that cannot be traced.
 
-:func:`~lightning_bandlimit.surgery.bandlimit` swaps them in (``memory_lean=True``, the default)
-and :func:`~lightning_bandlimit.surgery.unbandlimit` swaps them back.
+:func:`~lightning_bandlimit.layers.surgery.bandlimit` swaps them in (``memory_lean=True``, the default)
+and :func:`~lightning_bandlimit.layers.surgery.unbandlimit` swaps them back.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ set follows their live tensors, as a GPU job's reserved memory does after ``empt
 the plain job runs under the same setting, so the comparison is like for like.
 
 Used by the main job and ``benchmarks/multitenant.py``; ``python -m
-lightning_bandlimit.multitenant SPEC.json`` runs one job (what :func:`launch` does).
+lightning_bandlimit.jobs.multitenant SPEC.json`` runs one job (what :func:`launch` does).
 """
 
 from __future__ import annotations
@@ -129,8 +129,8 @@ def run_job(spec: JobSpec) -> JobResult:
             (a ``ValueError``; the message is the root cause, on one line).
     """
     from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit, SharedBudget, StepTimer
-    from lightning_bandlimit.checkpointing import checkpoint, checkpoint_units
-    from lightning_bandlimit.cli import BandLimitCLI, recipe_path
+    from lightning_bandlimit.jobs.cli import BandLimitCLI, recipe_path
+    from lightning_bandlimit.recompute.stages import checkpoint, checkpoint_units
 
     out = Path(spec.out_dir)
     cli = BandLimitCLI(
@@ -235,7 +235,7 @@ def launch(spec: JobSpec, timeout: float | None = None) -> JobResult:
     env = {**os.environ, **HOST_ALLOCATOR_ENV}
     with open(out / "job.log", "w") as log:
         code = subprocess.run(
-            [sys.executable, "-m", "lightning_bandlimit.multitenant", str(spec_path)],
+            [sys.executable, "-m", "lightning_bandlimit.jobs.multitenant", str(spec_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
@@ -327,11 +327,11 @@ def plot_timelines(results: list[JobResult], budget: int, path: Path, title: str
 
 
 def _main(argv: list[str]) -> None:
-    """``python -m lightning_bandlimit.multitenant SPEC.json``: a bad spec ends in one line, exit 2."""
+    """``python -m lightning_bandlimit.jobs.multitenant SPEC.json``: a bad spec ends in one line, exit 2."""
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m lightning_bandlimit.multitenant",
+        prog="python -m lightning_bandlimit.jobs.multitenant",
         description="Run one job of the multi-tenant scenario (what launch() does).",
     )
     parser.add_argument("spec", type=Path, help="a JobSpec as JSON (launch() writes <out_dir>/spec.json)")

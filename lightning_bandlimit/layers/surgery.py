@@ -16,7 +16,7 @@ shortcuts therefore stay plain unless ``pointwise=True``.
 
 **Memory-lean training** (``memory_lean=True``, the default): the selected ``nn.BatchNorm1d/2d``,
 ``nn.ReLU``, ``nn.MaxPool2d`` and the convolutions left plain (1x1) become their memory-lean twins
-(:mod:`lightning_bandlimit.lean_layers`), swapped the same way, and the band-limited layers keep
+(:mod:`lightning_bandlimit.layers.lean`), swapped the same way, and the band-limited layers keep
 the smallest exact form of their input. Together they keep for backward, per conv-BN-ReLU, the
 kept spectrum of the convolution's output and a bit mask instead of three full-size tensors;
 gradients are unchanged (to round-off). ``unbandlimit`` turns them back as well.
@@ -29,13 +29,13 @@ from collections.abc import Iterator, Sequence
 
 from torch import nn
 
-from lightning_bandlimit.layers import (
+from lightning_bandlimit.layers.band_limited import (
     BANDLIMITED_TWINS,
     BandLimitedConvNd,
     swap_to_bandlimited,
     swap_to_plain,
 )
-from lightning_bandlimit.lean_layers import LEAN_TWINS, LeanModule
+from lightning_bandlimit.layers.lean import LEAN_TWINS, LeanModule
 from lightning_bandlimit.utils.validation import check_bool, check_compression
 
 __all__ = ["bandlimit", "bandlimited_layers", "normalize_patterns", "set_compression", "unbandlimit"]

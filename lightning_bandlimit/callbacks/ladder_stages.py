@@ -6,7 +6,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_bandlimit.checkpointing import CheckpointStages, checkpoint_units
+from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint_units
 
 __all__ = ["FallbackReport", "find_stages"]
 

@@ -15,7 +15,7 @@ from jsonargparse import ActionConfigFile
 
 __all__ = ["RECIPES_DIR", "RecipeConfigFile", "recipe_path", "recipes", "resolve_config_args"]
 
-RECIPES_DIR = Path(__file__).resolve().parent / "configs"
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 def recipes() -> dict[str, str]:

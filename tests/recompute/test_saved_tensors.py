@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from lightning_bandlimit import BandLimitedConv2d
-from lightning_bandlimit.saved_tensors import SavedTensorMeter
+from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
 
 
 def test_shared_storages_count_once_and_parameters_can_be_excluded() -> None:

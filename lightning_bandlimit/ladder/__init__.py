@@ -1,0 +1,41 @@
+"""The ladder: which memory lever a job moves, and when (plain Python: no torch, no Lightning).
+
+* :mod:`.setting`: a point of the ladder (:class:`Setting`), a :class:`Decision`, the reading
+  decided from.
+* :mod:`.reasons`: why a decision was taken, and its logged code.
+* :mod:`.memory_model`: peak memory against compression, learned online.
+* :mod:`.learned`: what the ladder measured per rung and compression, and its predictions.
+* :mod:`.controller`: :class:`LadderController`, the decisions (pressure, hold, release, an
+  out-of-memory retry; one escalation path).
+* :mod:`.compression_only`: :class:`CompressionController`, the ladder without exact rungs.
+
+Example:
+    >>> from lightning_bandlimit.memory import ScriptedProbe
+    >>> ladder = LadderController(rungs=1, min_free=100)
+    >>> ladder.decide(ScriptedProbe([50], total=1000).read(), Setting(0, 0.0)).setting
+    Setting(rung=1, compression=0.0)
+"""
+
+from lightning_bandlimit.ladder.compression_only import CompressionController
+from lightning_bandlimit.ladder.controller import LadderController
+from lightning_bandlimit.ladder.learned import LadderModel
+from lightning_bandlimit.ladder.memory_model import MemoryModel, threshold_bytes
+from lightning_bandlimit.ladder.reasons import HOLD, LOWER, OOM, RAISE, REASON_CODES
+from lightning_bandlimit.ladder.setting import Decision, FreeMemory, LadderDecision, Setting
+
+__all__ = [
+    "HOLD",
+    "LOWER",
+    "OOM",
+    "RAISE",
+    "REASON_CODES",
+    "CompressionController",
+    "Decision",
+    "FreeMemory",
+    "LadderController",
+    "LadderDecision",
+    "LadderModel",
+    "MemoryModel",
+    "Setting",
+    "threshold_bytes",
+]

@@ -1,0 +1,245 @@
+"""What a ladder has learned of its job: the peak memory measured on each rung and at each
+compression of the continuum, each rung's step time, the top rung still on the ladder, and the
+predictions made from them (conservative where nothing was measured).
+
+:class:`~lightning_bandlimit.ladder.controller.LadderController` decides from it; it is plain
+Python (no torch, no Lightning).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from lightning_bandlimit.ladder.memory_model import MemoryModel
+from lightning_bandlimit.ladder.setting import Setting
+from lightning_bandlimit.utils.validation import check_compression, check_int, check_real
+
+__all__ = ["LadderModel"]
+
+_GRID = 0.01  # compressions searched when jumping with the memory model
+
+
+class LadderModel:
+    """A ladder's measurements and predictions (see the module docstring).
+
+    Args:
+        rungs: exact rungs above rung 0 (the model's checkpointable stages).
+        min_compression: the floor compression (the exact rungs run at it).
+        max_compression: the highest compression; equal to ``min_compression``: no lossy lever.
+        max_slowdown: the most step time a rung may cost relative to rung 0; ``None``: no cap.
+
+    Raises:
+        ValueError: for bounds out of order or a ``max_slowdown`` below 1.
+        TypeError: for a count that is not an int.
+
+    Example:
+        >>> model = LadderModel(rungs=2)
+        >>> model.observe(Setting(0, 0.0), 1000); model.observe(Setting(2, 0.0), 600)
+        >>> model.predict(Setting(1, 0.0)), model.predict(Setting(2, 0.0))  # rung 1: as rung 0
+        (1000, 600)
+    """
+
+    def __init__(
+        self,
+        rungs: int = 0,
+        min_compression: float = 0.0,
+        max_compression: float = 0.9,
+        max_slowdown: float | None = None,
+    ) -> None:
+        self.rungs = check_int("rungs", rungs, minimum=0)
+        self.min_compression = check_compression(min_compression, "min_compression")
+        self.max_compression = check_compression(max_compression, "max_compression")
+        if self.max_compression < self.min_compression:
+            raise ValueError(
+                f"max_compression ({max_compression}) is below min_compression ({min_compression})"
+            )
+        if max_slowdown is not None:
+            check_real("max_slowdown", max_slowdown, minimum=1)
+        self.max_slowdown = max_slowdown
+        self.top = self.rungs  # the highest rung still on the ladder (max_slowdown may lower it)
+        self.rung_memory = MemoryModel(resolution=1.0)  # peak per rung, at the floor compression
+        self.compression_memory = MemoryModel()  # peak per compression, on the lossy rung
+        self.continuum_on_top = False
+        self.rung_seconds: dict[int, float] = {}  # step time per rung (moving average)
+        self.stage_savings: list[float] | None = None  # bytes each stage frees when checkpointed
+
+    def set_stage_savings(self, savings: list[float]) -> None:
+        """Bytes each stage frees when checkpointed (stage 1 first), measured once by the caller.
+
+        One number per stage: the ladder gets one rung per stage. A number of stages other than
+        :attr:`rungs` resets what was learned per rung (the model's units changed).
+
+        Raises:
+            ValueError: for a negative number.
+        """
+        if any(s < 0 for s in savings):
+            raise ValueError(f"stage savings must be non-negative bytes, got {savings}")
+        self.set_rungs(len(savings))
+        self.stage_savings = [float(s) for s in savings]
+
+    def set_rungs(self, rungs: int) -> None:
+        """The number of stages, when what each frees is unknown (e.g. measured with all of them
+        checkpointed after an out-of-memory error); resets what was learned per rung if it changed.
+
+        Raises:
+            ValueError: for a negative number.
+        """
+        check_int("rungs", rungs, minimum=0)
+        if rungs != self.rungs:
+            self.rungs = self.top = rungs
+            self.rung_memory = MemoryModel(resolution=1.0)
+            self.rung_seconds = {}
+            self.stage_savings = None
+
+    def set_continuum_on_top(self, on_top: bool) -> None:
+        """Run the compression continuum on the top rung (``True``: the checkpointed blocks keep
+        only their kept spectrum, so compression shrinks them too) or on rung 0 (the default).
+        A change forgets the learned memory-versus-compression model (it was of the other rung)."""
+        if not isinstance(on_top, bool):
+            raise TypeError(f"on_top must be a bool, got {on_top!r}")
+        if on_top != self.continuum_on_top:
+            self.continuum_on_top = on_top
+            self.compression_memory = MemoryModel()
+
+    @property
+    def lossy_rung(self) -> int:
+        """The rung the compression continuum runs on."""
+        return self.top if self.continuum_on_top else 0
+
+    def observe(self, setting: Setting, peak_bytes: float) -> str | None:
+        """The job's peak memory measured at ``setting``; returns a message when rungs leave the
+        ladder for freeing nothing measured (see the module docstring)."""
+        message = None
+        if setting.compression <= self.min_compression:
+            self.rung_memory.observe(setting.rung, peak_bytes)
+            message = self._drop_idle_rungs(setting.rung)
+        if setting.rung == self.lossy_rung:
+            self.compression_memory.observe(setting.compression, peak_bytes)
+        return message
+
+    def _drop_idle_rungs(self, rung: int) -> str | None:
+        """Judge each measured rung against the measured rung just below it (a jump over
+        several rungs says nothing of each stage); the lowest idle one leaves, with those above."""
+        points = self.rung_memory.points
+        if self.stage_savings is None or rung > self.top:
+            return None
+        for upper in range(1, self.top + 1):
+            lower = upper - 1
+            if upper not in points or lower not in points:
+                continue
+            kept = self._saved(upper) - self._saved(lower)
+            freed = points[lower] - points[upper]
+            if kept <= 0 or freed >= 0.25 * kept:
+                continue
+            self._lower_top(lower)
+            freed_text = f"freed {freed / 2**20:.1f} MiB" if freed > 0 else "freed nothing"
+            return (
+                f"rung {upper} {freed_text} at the step's peak over rung {lower}, for {kept / 2**20:.1f} "
+                f"MiB its stage keeps for backward; the ladder's top rung is now {lower}"
+            )
+        return None
+
+    def agree_top(self, top: int) -> None:
+        """Take the top rung the ranks agreed on (the lowest of theirs): a lower one than this
+        rank's is taken as if this rank had lowered it (the continuum moves down with it)."""
+        check_int("top", top, minimum=0)
+        if top < self.top:
+            self._lower_top(top)
+
+    def _lower_top(self, top: int) -> None:
+        self.top = top
+        if self.continuum_on_top:  # the continuum moves down with the top rung
+            self.compression_memory = MemoryModel()
+            if top in self.rung_memory.points:
+                self.compression_memory.observe(self.min_compression, self.rung_memory.points[top])
+
+    def observe_time(self, rung: int, seconds: float) -> str | None:
+        """A step's time on ``rung`` at the floor compression; returns a message when the rung
+        leaves the ladder for being slower than ``max_slowdown``."""
+        old = self.rung_seconds.get(rung)
+        self.rung_seconds[rung] = seconds if old is None else old + 0.3 * (seconds - old)
+        slowdown = self.slowdown(rung)
+        if self.max_slowdown is None or slowdown is None or rung == 0 or rung > self.top:
+            return None
+        if slowdown > self.max_slowdown:
+            self._lower_top(rung - 1)
+            return (
+                f"rung {rung} costs {slowdown:.2f}x rung 0's step time (max_slowdown {self.max_slowdown}); "
+                f"the ladder's top rung is now {self.top}"
+            )
+        return None
+
+    def slowdown(self, rung: int) -> float | None:
+        """Measured step time on ``rung`` over rung 0's; ``None`` until both were measured."""
+        base, time = self.rung_seconds.get(0), self.rung_seconds.get(rung)
+        return None if not base or time is None else time / base
+
+    def _saved(self, rung: int) -> float:
+        return sum(self.stage_savings[:rung]) if self.stage_savings else 0.0
+
+    def predict_rung(self, rung: int) -> float | None:
+        """Predicted peak on ``rung`` at the floor compression: measured there, else
+        conservatively that of the highest measured rung below it (freeing nothing more);
+        ``None`` if no rung at or below it was measured."""
+        points = self.rung_memory.points
+        if rung in points:
+            return points[rung]
+        below = [r for r in points if r < rung]
+        return points[max(below)] if below else None
+
+    def predict(self, setting: Setting) -> float | None:
+        """Predicted peak at ``setting``; ``None`` if unknown."""
+        if setting.compression <= self.min_compression:
+            predicted = self.predict_rung(setting.rung)
+            if predicted is None and setting.rung == self.lossy_rung:  # the continuum's start
+                predicted = self.compression_memory.predict(setting.compression)
+            return predicted
+        on_continuum = setting.rung == self.lossy_rung
+        return self.compression_memory.predict(setting.compression) if on_continuum else None
+
+    def clamp(self, c: float) -> float:
+        """``c`` within ``[min_compression, max_compression]``."""
+        return min(self.max_compression, max(self.min_compression, round(c, 6)))
+
+    @property
+    def lossy(self) -> bool:
+        """Whether the ladder has a lossy lever (``max_compression`` above ``min_compression``)."""
+        return self.max_compression > self.min_compression
+
+    def _hinted_saving(self, rung: int, now: float) -> float | None:
+        """Which unvisited rung to try first: what its stages keep for backward over the
+        highest measured rung below it (a hint for the climb, exact either way; never a
+        prediction that the ladder relies on to stop climbing or to release)."""
+        measured = self.rung_memory.points
+        below = [r for r in measured if r < rung]
+        if not below or self.stage_savings is None:
+            return None
+        lower = int(max(below))
+        ratio = 1.0  # of its stages' saved bytes, what the last climb measured freed at the peak
+        under = [r for r in measured if r < lower]
+        if under:
+            previous = int(max(under))
+            kept = self._saved(lower) - self._saved(previous)
+            if kept > 0:
+                ratio = min(1.0, max(0.0, (measured[previous] - measured[lower]) / kept))
+        return now - measured[lower] + ratio * (self._saved(rung) - self._saved(lower))
+
+    def _least_compression(self, needs: float, candidates: Iterable[float]) -> float | None:
+        """The first of ``candidates`` (on the lossy rung) predicted to need at most ``needs``
+        and less than every smaller compression (from the floor up)."""
+        wanted = set(candidates)
+        lowest = None
+        for c in self._grid(self.min_compression, self.max_compression):
+            p = self.compression_memory.predict(c)
+            if p is None:
+                return None
+            if lowest is not None and p >= lowest:
+                continue  # needs no less than a smaller compression: never picked
+            lowest = p
+            if c in wanted and p <= needs:
+                return c
+        return None
+
+    def _grid(self, low: float, high: float) -> list[float]:
+        steps = int(round((high - low) / _GRID))
+        return [self.clamp(low + i * _GRID) for i in range(steps + 1)]

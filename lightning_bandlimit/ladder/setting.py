@@ -1,0 +1,53 @@
+"""What the ladder decides over: a :class:`Setting` of its levers, a :class:`Decision` to move to
+one, and the :class:`FreeMemory` it decides from (any probe's reading)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["Decision", "FreeMemory", "LadderDecision", "Setting"]
+
+
+class FreeMemory(Protocol):
+    """A reading of the device's memory, as the ladder needs it (a
+    :class:`~lightning_bandlimit.memory.MemoryReading` is one): free and total bytes."""
+
+    @property
+    def free(self) -> int: ...
+
+    @property
+    def total(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A point of the ladder: checkpointed stages (``rung``) and the compression."""
+
+    rung: int
+    compression: float
+
+
+@dataclass(frozen=True)
+class Decision(Setting):
+    """One check's outcome: the setting to apply (its ``rung`` and ``compression``), why
+    (``hold|raise|lower|oom``, :mod:`~lightning_bandlimit.ladder.reasons`), the free bytes it
+    was decided at and the threshold they were compared with.
+
+    Example:
+        >>> d = Decision(2, 0.0, "raise", free=50, threshold=100)
+        >>> d.setting
+        Setting(rung=2, compression=0.0)
+    """
+
+    reason: str
+    free: int
+    threshold: int
+
+    @property
+    def setting(self) -> Setting:
+        return Setting(self.rung, self.compression)
+
+
+LadderDecision = Decision
+"""The name of :class:`Decision` in earlier releases."""
