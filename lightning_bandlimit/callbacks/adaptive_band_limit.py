@@ -12,11 +12,23 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_bandlimit.callbacks.band_limit import BandLimit
-from lightning_bandlimit.callbacks.ladder_decisions import agree_across_ranks, decision_record, log_decision
-from lightning_bandlimit.callbacks.ladder_stages import FallbackReport, find_stages
+from lightning_bandlimit.callbacks.ladder_decisions import (
+    agree_across_ranks,
+    decision_record,
+    describe_change,
+    log_decision,
+    read_job,
+)
+from lightning_bandlimit.callbacks.ladder_stages import (
+    FallbackReport,
+    Profiling,
+    describe_stages,
+    failed_trials,
+    find_stages,
+)
 from lightning_bandlimit.callbacks.out_of_memory import (
     free_memory,
-    guard_training_step,
+    guard_fit,
     unguard_training_step,
 )
 from lightning_bandlimit.ladder.controller import LadderController
@@ -24,16 +36,14 @@ from lightning_bandlimit.ladder.reasons import OOM
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.layers.batchnorm import Forward
 from lightning_bandlimit.layers.surgery import Patterns, normalize_patterns
-from lightning_bandlimit.memory.probes import MemoryProbe, ProbeUnavailable, auto_probe
+from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable, auto_probe
 from lightning_bandlimit.memory.process import release_cached_memory
 from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
-from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile
-from lightning_bandlimit.recompute.trial import trial
-from lightning_bandlimit.utils.validation import check_choice, check_compression, check_int
+from lightning_bandlimit.recompute.stages import CheckpointStages
+from lightning_bandlimit.utils.validation import check_choice, check_compression, check_int, check_selection
 
 LEVERS = ("checkpoint", "compression")
 CONTINUUM_RUNGS = ("auto", "top", "zero")
-TRIAL_SAMPLES = 4  # samples of each unit's input kept from the profiled step to try it on
 
 __all__ = ["AdaptiveBandLimit"]
 
@@ -67,18 +77,15 @@ class AdaptiveBandLimit(BandLimit):
     Under pressure (free memory below ``min_free``) it jumps at once to the least lossy point
     predicted to fit; when free memory stays above ``release_free`` it gives back the lossy
     part first, then the exact rungs, so a job with no pressure runs as the plain model. The
-    memory of each point is learned online from the job's own peak per check (the probe's
-    measurement of the job when it has one, :class:`~lightning_bandlimit.memory.SharedBudgetProbe`;
-    ``torch.cuda.max_memory_allocated`` on GPU; else bytes saved for backward), and before a
-    rung was visited it is predicted from the bytes each stage frees, measured unit by unit in
-    the first training step (which always runs at rung 0). The step time of each rung is
-    measured too: ``max_slowdown`` caps it (slower rungs leave the ladder, and compression
-    takes over below them).
+    memory of each point is learned from the job's own peak per check (the probe's measurement
+    of the job, :class:`~lightning_bandlimit.memory.SharedBudgetProbe`; else
+    ``torch.cuda.max_memory_allocated``; else bytes saved for backward); a rung not visited yet
+    is predicted to free nothing (what its stages keep for backward, measured in the first
+    step, only hints which to try first). ``max_slowdown`` caps each rung's measured step time.
 
-    ``levers=["compression"]`` is the compression-only controller of earlier releases;
-    ``levers=["checkpoint"]`` keeps the job exact (no compression above ``min_compression``).
-    A model without checkpointable units (e.g. a plain ``nn.Sequential`` chain) has no exact
-    rungs: the ladder is then the compression alone (reported once).
+    ``levers=["compression"]``: compression only; ``levers=["checkpoint"]``: exact only (no
+    compression above ``min_compression``). A model without checkpointable units (e.g. a plain
+    ``nn.Sequential`` chain) has no exact rungs: the ladder is the compression (said once).
 
     Like :class:`BandLimit` it swaps the convolutions in ``setup`` when the model has none
     band-limited, and keeps its state (compression, rung, learned memory and times) in
@@ -89,14 +96,10 @@ class AdaptiveBandLimit(BandLimit):
     reported with its reason and kept in :attr:`decisions`. Under DDP all ranks apply the most
     conservative point any rank asks for, on the same step.
 
-    **What it guarantees, and what it does not.** A co-tenant whose memory grows by less than
-    ``min_free`` between two checks is met before the job overdraws, as far as the levers can
-    free and as far as the memory model predicts the saving right. It cannot help with memory
-    neither lever frees (parameters, optimizer state, the process's own base), a co-tenant that
-    grows by more than ``min_free`` within one check interval, or an out-of-memory error in
-    ``backward`` or another process. After a change that frees memory it returns cached memory
-    to the device (``torch.cuda.empty_cache()``; glibc's ``malloc_trim`` on the host); on the
-    host the resident set follows the tensors only with ``MALLOC_MMAP_THRESHOLD_`` set.
+    **What it guarantees, and what it does not** (README, "Keep fitting beside other jobs"): a
+    co-tenant whose memory grows by less than ``min_free`` between two checks is met before the
+    job overdraws, as far as the levers can free and the memory model predicts; memory neither
+    lever frees, a faster co-tenant, or an out-of-memory error in ``backward`` it cannot help.
 
     **Out-of-memory backstop** (``oom_backstop=True``, single-process runs): an out-of-memory
     error raised inside ``training_step`` (the forward pass) moves to the top rung (or, there,
@@ -129,14 +132,9 @@ class AdaptiveBandLimit(BandLimit):
             a step's peak is often set by the backward's own working set, and then rung 0 at
             the same compression needs about as much memory and runs faster (README,
             "Checkpointed band-limited blocks").
-        include: glob patterns over module names to band-limit.
-        exclude: glob patterns to leave alone.
-        pointwise: also band-limit 1x1 convolutions.
-        memory_lean: memory-lean training (see :class:`BandLimit`); on by default, since it is
-            what makes a higher compression free memory.
-        recalibrate_bn: BatchNorm follows the compression (see :class:`BandLimit`); ``0`` turns
-            it off.
-        bn_forward: how to run the model on a batch for that re-estimate (see :class:`BandLimit`).
+        include, exclude, pointwise, memory_lean, recalibrate_bn, bn_forward: as
+            :class:`BandLimit`'s (``memory_lean`` is on by default: it is what makes a higher
+            compression free memory).
         **controller_kwargs: further :class:`~lightning_bandlimit.memory.LadderController`
             arguments (``raise_step``, ``lower_step``, ``release_checks``, ``cooldown_checks``,
             ``margin``).
@@ -176,7 +174,7 @@ class AdaptiveBandLimit(BandLimit):
         **controller_kwargs: Any,
     ) -> None:
         compression = check_compression(compression)  # refused as BandLimit refuses it, then clamped
-        levers = _check_levers(levers)
+        levers = check_selection("levers", levers, LEVERS)
         check_choice("continuum_rung", continuum_rung, CONTINUUM_RUNGS)
         if "compression" not in levers:
             check_compression(max_compression, "max_compression")  # unused then, but refused alike
@@ -210,12 +208,9 @@ class AdaptiveBandLimit(BandLimit):
         self.probe: MemoryProbe | None = probe if isinstance(probe, MemoryProbe) else None
         self.oom_backstop = oom_backstop
         self.decisions: list[dict[str, Any]] = []
-        self.rung = 0
         self._stages: CheckpointStages | None = None
-        self._profile: UnitProfile | None = None
-        self._profiled: UnitProfile | None = None  # closed before backward, finished after the step
-        self._measured_profile = True  # False: the profile runs with every unit checkpointed
-        self._oom_while_profiling: int | None = None  # the step whose profile ran out of memory
+        self._rung = 0  # until the stages are known (then theirs), e.g. restored from a checkpoint
+        self._profiling: Profiling | None = None  # the first training step, measuring the units
         self._fallbacks = FallbackReport()
         self._saved_stages: list[list[str]] | None = None  # from a checkpoint, until applied
         self._meter: SavedTensorMeter | None = None
@@ -224,6 +219,21 @@ class AdaptiveBandLimit(BandLimit):
         self._guarded: pl.LightningModule | None = None
         self._last_check = -1
         self._step_started: float | None = None
+
+    @property
+    def rung(self) -> int:
+        """The rung the job runs at: the checkpointed stages' own once they are known."""
+        return self._stages.rung if self._staged() else self._rung
+
+    @rung.setter
+    def rung(self, rung: int) -> None:
+        if not self._staged():
+            self._rung = rung
+        elif rung != self._stages.rung:  # type: ignore[union-attr]
+            self._stages.apply(rung)  # type: ignore[union-attr]
+
+    def _staged(self) -> bool:
+        return self._stages is not None and self._stages.stages is not None
 
     @property
     def setting(self) -> Setting:
@@ -243,14 +253,8 @@ class AdaptiveBandLimit(BandLimit):
             self.probe = auto_probe(self._device)  # warns once itself when it falls back or gives up
         if stage == "fit" and "checkpoint" in self.levers and self._stages is None:
             self._stages = find_stages(pl_module, self.checkpoint_units)
-        if stage == "fit" and self.oom_backstop:
-            if trainer.world_size > 1:
-                rank_zero_info(
-                    "AdaptiveBandLimit: the out-of-memory backstop is off under multi-process training"
-                )
-            elif self._guarded is None:
-                guard_training_step(pl_module, lambda: self._recover_from_oom(trainer))
-                self._guarded = pl_module
+        if stage == "fit" and self.oom_backstop and self._guarded is None:
+            self._guarded = guard_fit(trainer, pl_module, lambda: self._recover_from_oom(trainer))
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -267,11 +271,13 @@ class AdaptiveBandLimit(BandLimit):
             )
             self.controller.set_rungs(0)
             return
+        rung = self.rung
         self._stages.set_stages(saved)  # resumed: no profiling step, the saved rung from the first step
-        self.rung = min(self.rung, self.controller.top)
-        self._stages.apply(self.rung)
+        self._stages.apply(min(rung, self.controller.top))
 
     def _is_check_step(self, step: int) -> bool:
+        """Whether a check follows optimizer step ``step``: ``trainer.global_step`` once that step
+        ran (at a batch's start, the batch ends at ``global_step + 1``)."""
         return step % self.check_every_n_steps == 0 and step != self._last_check
 
     @override
@@ -282,8 +288,7 @@ class AdaptiveBandLimit(BandLimit):
         if self._stages is not None and self._stages.stages is None:
             # The first step runs every unit plainly and measures them: stages and bytes freed.
             self._step_started = None  # a profiling step's time is not a rung's
-            self._profile = self._stages.profile(exclude=pl_module.parameters(), record=TRIAL_SAMPLES)
-            self._profile.__enter__()
+            self._profiling = Profiling.start(self._stages, pl_module.parameters())
             return
         # global_step counts optimizer steps: this batch ends at global_step + 1.
         if self.probe is None or self.probe.measures_own or not self._is_check_step(trainer.global_step + 1):
@@ -300,18 +305,18 @@ class AdaptiveBandLimit(BandLimit):
         self._stop_meters()
 
     def _stop_meters(self) -> None:
-        if self._profile is not None:
-            self._profile.__exit__(None, None, None)
-            if self._measured_profile:
-                self._job_peak = self._profile.meter.bytes
-            self._profiled, self._profile = self._profile, None  # finished after the step
+        measured = self._profiling.close() if self._profiling is not None else None  # finished after the step
+        self._job_peak = self._job_peak if measured is None else measured
         if self._meter is not None:
             self._meter.__exit__(None, None, None)
             self._job_peak, self._meter = self._meter.bytes, None
 
-    def _finish_profile(self, profile: UnitProfile, world_size: int = 1) -> None:
+    def _finish_profile(self, profiling: Profiling, world_size: int = 1) -> None:
         assert self._stages is not None
-        failed = self._failed_trials(profile, world_size)
+        profile = profiling.profile
+        lossy = self.controller.lossy and self.controller.max_compression > self.compression
+        also = max(self.compression, min(0.5, self.controller.max_compression)) if lossy else None
+        failed = failed_trials(self._stages, profile, [None] if also is None else [None, also], world_size)
         if failed:
             self._stages.remove(failed)
         stages = profile.stages(drop=failed)
@@ -321,44 +326,37 @@ class AdaptiveBandLimit(BandLimit):
             )
             self._stages = None
             self.controller.set_rungs(0)
-            self.rung = 0
+            self._rung = 0
             return
+        rung, peak = self.rung, self._job_peak  # a restored rung, if any
         self._stages.set_stages(stages)
-        if self._measured_profile:
-            savings = profile.savings(drop=failed)
-            self.controller.set_stage_savings(savings)
-            self.rung = min(self.rung, len(stages))
-            freed = f"bytes each frees: {[f'{s / 2**20:.1f} MiB' for s in savings]}"
+        if not profiling.checkpointed:
+            savings: list[int] | None = profile.savings(drop=failed)
+            self.controller.set_stage_savings(savings)  # type: ignore[arg-type]
+            if rung and peak:  # the profiled step ran on rung 0: what it measured is rung 0's
+                self.controller.observe(Setting(0, self.compression), float(peak))
+                self._job_peak = None
+            self.rung = min(rung, len(stages))  # the restored rung (a resumed or a second fit)
         else:  # measured with every unit checkpointed, after an out-of-memory error: on the top rung
             self.controller.set_rungs(len(stages))
             self.rung = len(stages)
-            self._stages.apply(self.rung)
-            if self._oom_while_profiling is not None:
-                self._record_oom(self._oom_while_profiling, units=self._units_at(self.rung))
-                self._oom_while_profiling = None
-            freed = "bytes each frees: unknown (measured checkpointed, after an out-of-memory error)"
-        on_top = "compression" in self.levers and (
+            assert profiling.oom_step is not None
+            self._record_oom(profiling.oom_step)
+            savings = None
+        on_top = self.controller.lossy and (
             self.continuum_rung == "top" or (self.continuum_rung == "auto" and self._stages.keep_spectrum())
         )
         self.controller.set_continuum_on_top(on_top)
-        continuum = (
-            "the compression continuum runs on the top rung (checkpointed blocks keep their kept spectrum)"
-            if on_top
-            else "the compression continuum runs on rung 0"
-        )
-        rank_zero_info(
-            f"AdaptiveBandLimit: {len(stages)} checkpointing rungs over {sum(map(len, stages))} units "
-            f"(stages, highest resolution first: {stages}); {freed}; {continuum}"
-        )
+        describe_stages(stages, savings, on_top)
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._stop_meters()  # the step ended without a backward (e.g. skipped)
-        if self._profiled is not None:
-            profile, self._profiled = self._profiled, None
-            self._finish_profile(profile, trainer.world_size)
+        if self._profiling is not None:
+            profiling, self._profiling = self._profiling, None
+            self._finish_profile(profiling, trainer.world_size)
         if self._step_started is not None and self.compression <= self.controller.min_compression:
             message = self.controller.observe_time(self.rung, time.perf_counter() - self._step_started)
             if message is not None:
@@ -366,9 +364,7 @@ class AdaptiveBandLimit(BandLimit):
         self._step_started = None
         if self._stages is not None and self.compression > 0 and self.controller.continuum_on_top:
             self._fallbacks(self._stages, self.compression)  # units kept in full at this compression
-        self._check(trainer, pl_module)
-        if self._stages is not None and self._stages.stages is not None and self._stages.rung != self.rung:
-            self._stages.apply(self.rung)  # between optimizer steps
+        self._check(trainer, pl_module)  # a new rung applies here, between optimizer steps
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # logs the outcome
 
     @override
@@ -376,31 +372,37 @@ class AdaptiveBandLimit(BandLimit):
         return super()._should_log(trainer) or self._last_check == trainer.global_step
 
     def _check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Read, agree across ranks, decide, apply: as ``EarlyStopping`` evaluates, then acts."""
         if self.probe is None or not self._is_check_step(trainer.global_step):
             return
         self._last_check = trainer.global_step
+        read = self._read()
+        if read is None:
+            return
+        reading, peak = read
+        if trainer.world_size > 1:
+            reading, peak = agree_across_ranks(trainer.strategy, self.controller, reading, peak, self._device)
+        self._apply(trainer, pl_module, self._decide(reading, peak), peak)
+
+    def _read(self) -> tuple[MemoryReading, int | None] | None:
+        """The device's free memory and the job's peak (:func:`~.ladder_decisions.read_job`);
+        ``None`` (one warning, the probe dropped) if the probe stopped working."""
         try:
-            reading = self.probe.read()
+            return read_job(self.probe, self._device, self._job_peak)  # type: ignore[arg-type]
         except ProbeUnavailable as error:
             rank_zero_warn(
                 f"AdaptiveBandLimit: the memory probe stopped working ({error}); the levers stay as they are"
             )
             self.probe = None
-            return
-        if reading.own is not None:  # the probe measured the job itself: learn what it counts
-            peak = reading.own
-        elif self._device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self._device)
-        else:
-            peak = self._job_peak
-        if trainer.world_size > 1:
-            reading, peak = agree_across_ranks(trainer.strategy, self.controller, reading, peak, self._device)
-        ran = Setting(self._stages.rung if self._stages is not None else 0, self.compression)
+            return None
+
+    def _decide(self, reading: MemoryReading, peak: int | None) -> Decision:
+        """What the job measured at its setting goes to the controller, which decides the next."""
         if peak:
-            message = self.controller.observe(ran, float(peak))
+            message = self.controller.observe(self.setting, float(peak))
             if message is not None:
                 rank_zero_info(f"AdaptiveBandLimit: {message}")
-        self._apply(trainer, pl_module, self.controller.decide(reading, self.setting), peak)
+        return self.controller.decide(reading, self.setting)
 
     def _apply(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: Decision, peak: int | None
@@ -411,17 +413,9 @@ class AdaptiveBandLimit(BandLimit):
             self.compression, self.rung = target.compression, target.rung
             if target.compression > previous.compression or target.rung > previous.rung:
                 release_cached_memory(self._device)  # so the device (and NVML) sees the memory freed
-            changes = []
-            if target.rung != previous.rung:
-                changes.append(
-                    f"rung {previous.rung} -> {target.rung} "
-                    f"({self._units_at(target.rung)} units checkpointed)"
-                )
-            if target.compression != previous.compression:
-                changes.append(f"compression {previous.compression:.3f} -> {target.compression:.3f}")
+            units = self._units_at(target.rung)
             rank_zero_info(
-                f"AdaptiveBandLimit: step {trainer.global_step}: {', '.join(changes)} ({decision.reason}: "
-                f"{decision.free / 2**20:.0f} MiB free, threshold {decision.threshold / 2**20:.0f} MiB)"
+                f"AdaptiveBandLimit: {describe_change(trainer.global_step, previous, decision, units)}"
             )
         record = decision_record(
             trainer.global_step,
@@ -436,85 +430,47 @@ class AdaptiveBandLimit(BandLimit):
         self.decisions.append(record)
         log_decision(pl_module, type(self).__name__, record)
 
-    def _failed_trials(self, profile: UnitProfile, world_size: int = 1) -> list[str]:
-        """The units that are not exact when checkpointed (:func:`~lightning_bandlimit.recompute.trial.trial`
-        on the profile's recorded samples, at the compression now and, when the compression lever
-        may raise it, at a band-limiting one); one warning names them. Under DDP a unit that fails
-        on any rank leaves the ladder on every rank (the ranks' units may differ: names are
-        gathered, one collective)."""
-        assert self._stages is not None
-        compressions: list[float | None] = [None]
-        if "compression" in self.levers and self.controller.max_compression > self.compression:
-            compressions.append(max(self.compression, min(0.5, self.controller.max_compression)))
-        reasons: dict[str, str] = {}
-        for name, args in profile.inputs.items():
-            for compression in compressions:
-                reason = trial(name, self._stages.units[name], args, compression)
-                if reason is not None:
-                    reasons[name] = (
-                        reason if compression is None else f"{reason} (at compression {compression})"
-                    )
-                    break
-        profile.inputs.clear()
-        if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            gathered: list[list[str] | None] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(gathered, sorted(reasons))
-            for name in sorted({n for names in gathered for n in names or ()} - set(reasons)):
-                if name in self._stages.units:
-                    reasons[name] = f"{name}: not exact when checkpointed on another rank"
-        if reasons:
-            rank_zero_warn(
-                f"AdaptiveBandLimit: {len(reasons)} of {len(self._stages.units)} units are not exact when "
-                f"checkpointed and leave the ladder: {'; '.join(reasons.values())}"
-            )
-        return list(reasons)
-
     def _units_at(self, rung: int) -> int:
-        stages = self._stages.stages if self._stages is not None else None
-        return sum(len(stage) for stage in stages[:rung]) if stages else 0
+        return self._stages.units_at(rung) if self._stages is not None else 0
 
     def _recover_from_oom(self, trainer: pl.Trainer) -> None:
         """An out-of-memory error in ``training_step``: move to a setting that needs less memory
         before the batch runs again (:func:`~.out_of_memory.guard_training_step`)."""
-        profiling = self._profile is not None
-        if profiling:  # the profile is incomplete: measure the units again, checkpointed
-            self._profile.__exit__(None, None, None)
-            self._profile = None
+        profiling = self._profiling is not None
         self._stop_meters()
         self._job_peak = None  # the failed attempt's, not the retry's
         free_memory(self._device)
         previous = self.setting
-        if profiling:
+        if profiling:  # the profile is incomplete: measure the units again, checkpointed
             assert self._stages is not None
-            self._measured_profile = False
-            self._profile = self._stages.profile(checkpointed=True).__enter__()
+            self._profiling = Profiling.start(self._stages, (), oom_step=trainer.global_step)
             rank_zero_warn(
-                f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step} "
-                "(the first, which measures the units); retrying the batch once with every unit "
-                "checkpointed"
+                f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step} (the "
+                "first, which measures the units); retrying the batch once with every unit checkpointed"
             )
-            self._oom_while_profiling = trainer.global_step  # kept once the retry measured the stages
             return
         retry = self.controller.on_oom(previous)
         self.compression, self.rung = retry.compression, retry.rung
-        if self._stages is not None and self._stages.stages is not None:
-            self._stages.apply(self.rung)
         rank_zero_warn(
             f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step}; "
             f"retrying the batch once at rung {self.rung}, compression {self.compression:.3f} "
             f"(was rung {previous.rung}, compression {previous.compression:.3f})"
         )
-        self._record_oom(trainer.global_step, units=self._units_at(self.rung))
+        self._record_oom(trainer.global_step)
 
-    def _record_oom(self, step: int, units: int) -> None:
-        self.decisions.append(decision_record(step, self.rung, units, self.compression, OOM))
+    def _record_oom(self, step: int) -> None:
+        self.decisions.append(
+            decision_record(step, self.rung, self._units_at(self.rung), self.compression, OOM)
+        )
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
         self._stop_meters()
+        self._profiling = None
         if self._stages is not None:
-            self._stages.release()  # the user's model as it was; a next fit re-applies the rung
+            self._rung = self.rung  # a next fit re-applies it
+            self._stages.release()  # the user's model as it was
             self._stages = None
         if self._guarded is not None:
             unguard_training_step(self._guarded)
@@ -539,15 +495,6 @@ class AdaptiveBandLimit(BandLimit):
         controller = dict(state_dict.get("controller", {}))
         if "checkpoint" not in self.levers:
             controller["rungs"], state_dict = 0, {**state_dict, "rung": 0, "stages": None}
-        self.rung = int(state_dict.get("rung", 0))
+        self._rung = int(state_dict.get("rung", 0))  # applied once the stages are known
         self._saved_stages = state_dict.get("stages")
         self.controller.load_state_dict(controller)
-
-
-def _check_levers(levers: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(levers, str) or not isinstance(levers, Sequence):
-        raise TypeError(f"levers must be a sequence of lever names from {list(LEVERS)}, got {levers!r}")
-    unknown = [lever for lever in levers if lever not in LEVERS]
-    if unknown or not levers:
-        raise ValueError(f"levers must be a non-empty selection of {list(LEVERS)}, got {list(levers)}")
-    return tuple(lever for lever in LEVERS if lever in levers)

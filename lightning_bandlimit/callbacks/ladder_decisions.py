@@ -1,5 +1,6 @@
 """What :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` decides from and what it keeps.
 
+* What a check reads (:func:`read_job`): free memory and the job's own peak.
 * Under DDP the ranks agree on the inputs of a decision (:func:`agree_across_ranks`), so their
   controllers, fed the same, take the same decision on the same step.
 * Each decision (and each out-of-memory retry) is kept as a record (:func:`decision_record`) in
@@ -15,9 +16,28 @@ import torch
 
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.reasons import REASON_CODES
-from lightning_bandlimit.memory.probes import MemoryReading
+from lightning_bandlimit.ladder.setting import Decision, Setting
+from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading
 
-__all__ = ["agree_across_ranks", "decision_record", "log_decision"]
+__all__ = ["agree_across_ranks", "decision_record", "describe_change", "log_decision", "read_job"]
+
+
+def read_job(
+    probe: MemoryProbe, device: torch.device | None, metered_peak: int | None
+) -> tuple[MemoryReading, int | None]:
+    """The device's free memory and the job's peak on its last step: the probe's measurement of
+    the job when it has one, else ``torch.cuda.max_memory_allocated`` on a GPU, else the bytes
+    the step saved for backward (``metered_peak``).
+
+    Raises:
+        ProbeUnavailable: if the probe stopped working.
+    """
+    reading = probe.read()
+    if reading.own is not None:  # the probe measured the job itself: learn what it counts
+        return reading, reading.own
+    if device is not None and device.type == "cuda":
+        return reading, torch.cuda.max_memory_allocated(device)
+    return reading, metered_peak
 
 
 def agree_across_ranks(
@@ -81,3 +101,21 @@ def log_decision(pl_module: pl.LightningModule, name: str, record: dict[str, Any
         log("slowdown", record["slowdown"])
     if record["job_peak_bytes"]:
         log("job_peak_bytes", float(record["job_peak_bytes"]))
+
+
+def describe_change(step: int, previous: Setting, decision: Decision, units: int) -> str:
+    """A change of setting in one line: what moved, why, and the free memory it was decided at.
+
+    Example:
+        >>> describe_change(7, Setting(0, 0.0), Decision(2, 0.0, "raise", 3 * 2**20, 4 * 2**20), units=4)
+        'step 7: rung 0 -> 2 (4 units checkpointed) (raise: 3 MiB free, threshold 4 MiB)'
+    """
+    changes = []
+    if decision.rung != previous.rung:
+        changes.append(f"rung {previous.rung} -> {decision.rung} ({units} units checkpointed)")
+    if decision.compression != previous.compression:
+        changes.append(f"compression {previous.compression:.3f} -> {decision.compression:.3f}")
+    return (
+        f"step {step}: {', '.join(changes)} ({decision.reason}: "
+        f"{decision.free / 2**20:.0f} MiB free, threshold {decision.threshold / 2**20:.0f} MiB)"
+    )

@@ -1,14 +1,21 @@
 """The exact rungs of :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit`: which units it
-checkpoints, and what it says about them (no units found, units kept in full at a compression)."""
+checkpoints (:func:`find_stages`), the first step that measures them (:class:`Profiling`), the
+trials that keep only exact units (:func:`failed_trials`), and what it says about them (no units
+found, units kept in full at a compression)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint_units
+from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile, checkpoint_units
+from lightning_bandlimit.recompute.trial import trial
 
-__all__ = ["FallbackReport", "find_stages"]
+__all__ = ["FallbackReport", "Profiling", "describe_stages", "failed_trials", "find_stages"]
 
 
 def find_stages(pl_module: pl.LightningModule, patterns: tuple[str, ...] | None) -> CheckpointStages | None:
@@ -47,3 +54,90 @@ class FallbackReport:
                 f"AdaptiveBandLimit: {len(fallbacks)} checkpointed units keep their full input "
                 f"(ordinary checkpointing) at compression {compression:.3f}: {details}"
             )
+
+
+@dataclass
+class Profiling:
+    """The profiling phase: the first training step, which measures the units (their stages
+    and what each frees) while it runs. One state for the whole phase.
+
+    Attributes:
+        profile: the units' profile, recording until :meth:`close`.
+        checkpointed: measured with every unit checkpointed (after an out-of-memory error): the
+            stages are known, what each frees is not.
+        oom_step: the step whose first attempt ran out of memory (recorded once the retry
+            measured the stages).
+    """
+
+    profile: UnitProfile
+    checkpointed: bool = False
+    oom_step: int | None = None
+    recording: bool = True
+
+    @classmethod
+    def start(
+        cls, stages: CheckpointStages, exclude: Any, record: int = 4, oom_step: int | None = None
+    ) -> Profiling:
+        """Open a profile of the next forward, keeping ``record`` samples of each unit's input to
+        try it on (every unit checkpointed, nothing kept, after an out-of-memory error)."""
+        checkpointed = oom_step is not None
+        if checkpointed:  # stages only: no samples to try, no bytes to meter
+            profile = stages.profile(checkpointed=True)
+        else:
+            profile = stages.profile(exclude=exclude, record=record)
+        return cls(profile.__enter__(), checkpointed=checkpointed, oom_step=oom_step)
+
+    def close(self) -> int | None:
+        """Stop recording (before backward); returns the job's peak it measured, if it measured one."""
+        if not self.recording:
+            return None
+        self.profile.__exit__(None, None, None)
+        self.recording = False
+        return None if self.checkpointed else self.profile.meter.bytes
+
+
+def failed_trials(
+    stages: CheckpointStages, profile: UnitProfile, compressions: list[float | None], world_size: int = 1
+) -> list[str]:
+    """The units that are not exact when checkpointed (:func:`~lightning_bandlimit.recompute.trial.trial`
+    on the profile's recorded samples, at each of ``compressions``; ``None``: as the model is);
+    one warning names them. Under DDP a unit that fails on any rank leaves the ladder on every
+    rank (the ranks' units may differ: names are gathered, one collective)."""
+    reasons: dict[str, str] = {}
+    for name, args in profile.inputs.items():
+        for compression in compressions:
+            reason = trial(name, stages.units[name], args, compression)
+            if reason is not None:
+                reasons[name] = reason if compression is None else f"{reason} (at compression {compression})"
+                break
+    profile.inputs.clear()
+    if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered: list[list[str] | None] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, sorted(reasons))
+        for name in sorted({n for names in gathered for n in names or ()} - set(reasons)):
+            if name in stages.units:
+                reasons[name] = f"{name}: not exact when checkpointed on another rank"
+    if reasons:
+        rank_zero_warn(
+            f"AdaptiveBandLimit: {len(reasons)} of {len(stages.units)} units are not exact when "
+            f"checkpointed and leave the ladder: {'; '.join(reasons.values())}"
+        )
+    return list(reasons)
+
+
+def describe_stages(stages: list[list[str]], savings: list[int] | None, on_top: bool) -> None:
+    """Say once what the ladder's exact rungs are, what each frees and where the continuum runs."""
+    freed = (
+        f"bytes each frees: {[f'{s / 2**20:.1f} MiB' for s in savings]}"
+        if savings is not None
+        else "bytes each frees: unknown (measured checkpointed, after an out-of-memory error)"
+    )
+    continuum = (
+        "the compression continuum runs on the top rung (checkpointed blocks keep their kept spectrum)"
+        if on_top
+        else "the compression continuum runs on rung 0"
+    )
+    rank_zero_info(
+        f"AdaptiveBandLimit: {len(stages)} checkpointing rungs over {sum(map(len, stages))} units "
+        f"(stages, highest resolution first: {stages}); {freed}; {continuum}"
+    )

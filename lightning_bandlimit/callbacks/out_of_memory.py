@@ -12,11 +12,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
 
 from lightning_bandlimit.memory.process import release_cached_memory
 
-__all__ = ["free_memory", "guard_training_step", "is_out_of_memory", "unguard_training_step"]
+__all__ = ["free_memory", "guard_fit", "guard_training_step", "is_out_of_memory", "unguard_training_step"]
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -62,3 +63,16 @@ def guard_training_step(pl_module: pl.LightningModule, on_out_of_memory: Callabl
 def unguard_training_step(pl_module: pl.LightningModule) -> None:
     """Undo :func:`guard_training_step`: back to the class's method."""
     del pl_module.training_step
+
+
+def guard_fit(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, on_out_of_memory: Callable[[], None]
+) -> pl.LightningModule | None:
+    """:func:`guard_training_step` in a single-process fit; returns the guarded module, or
+    ``None`` (said once) under multi-process training, where one rank retrying alone would
+    desynchronise the collectives."""
+    if trainer.world_size > 1:
+        rank_zero_info("AdaptiveBandLimit: the out-of-memory backstop is off under multi-process training")
+        return None
+    guard_training_step(pl_module, on_out_of_memory)
+    return pl_module

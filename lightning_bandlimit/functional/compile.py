@@ -26,14 +26,10 @@ import torch.nn.functional as F
 
 from lightning_bandlimit.functional.band_projection import projection_plan_for
 from lightning_bandlimit.functional.fft_conv import auto_algorithm, band_limited_conv
-from lightning_bandlimit.functional.lean.ops import conv_dtype
+from lightning_bandlimit.functional.lean.conv import conv_dtype
 from lightning_bandlimit.functional.spatial_conv import KEEP_COEFFICIENTS, SpatialConvFunction
-from lightning_bandlimit.functional.spectral_kernel import (
-    KEEP_SPECTRUM,
-    FFTConvFunction,
-    as_2d,
-    input_plan,
-)
+from lightning_bandlimit.functional.spectral_kernel import KEEP_SPECTRUM, FFTConvFunction, as_2d
+from lightning_bandlimit.functional.spectrum_split import input_plan
 
 __all__ = ["compiled_band_limited_conv", "warn_memory_lean_compiled"]
 

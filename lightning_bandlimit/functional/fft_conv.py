@@ -16,7 +16,8 @@ from lightning_bandlimit.functional.band import SpectralBand
 from lightning_bandlimit.functional.band_projection import projection_plan_for
 from lightning_bandlimit.functional.dft_plan import DFTPlan
 from lightning_bandlimit.functional.geometry import ConvGeometry, IntOrTuple
-from lightning_bandlimit.functional.lean.ops import lean_conv, lean_wanted
+from lightning_bandlimit.functional.lean.conv import lean_conv
+from lightning_bandlimit.functional.lean.ops import lean_wanted
 from lightning_bandlimit.functional.lean.sources import (
     Saved,
     hands_spectrum_on,
@@ -34,10 +35,9 @@ from lightning_bandlimit.functional.spectral_kernel import (
     Spectrum,
     as_2d,
     compute_dtypes,
-    input_plan,
     itemsize,
-    spectrum_bytes,
 )
+from lightning_bandlimit.functional.spectrum_split import input_plan, spectrum_bytes
 from lightning_bandlimit.utils.validation import check_compression
 
 __all__ = ["auto_algorithm", "band_limited_conv", "fft_conv1d", "fft_conv2d", "native_band"]

@@ -28,38 +28,26 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from lightning_bandlimit.functional.autocast import autocast_off
-from lightning_bandlimit.functional.band import quantised_band
 from lightning_bandlimit.functional.dft_plan import (
     DFTPlan,
     analysis,
     analysis_adjoint,
     batch_slices,
-    dft_plan_for,
     synthesis,
     synthesis_adjoint,
 )
-from lightning_bandlimit.functional.geometry import IntOrTuple, resolve_geometry
-from lightning_bandlimit.functional.lean.ops import conv_dtype
+from lightning_bandlimit.functional.lean.conv import conv_dtype
 from lightning_bandlimit.functional.lean.sources import (
     Saved,
     Source,
-    hands_spectrum_on,
     held,
-    publish,
     rebuild,
     reuse,
 )
 
-__all__ = ["KEEP_SMALLER", "KEEP_SPECTRUM", "FFTConvFunction", "Spectrum", "analyse", "as_2d"]
-__all__ += [
-    "FromInput",
-    "RETURN_KEPT_INPUT",
-    "compute_dtypes",
-    "conv_from_spectrum",
-    "input_plan",
-    "itemsize",
-    "spectrum_bytes",
-]
+__all__ = ["KEEP_SMALLER", "KEEP_SPECTRUM", "FFTConvFunction", "Spectrum", "as_2d"]
+__all__ += ["FromInput", "RETURN_KEPT_INPUT", "compute_dtypes", "itemsize"]
+__all__ += ["filter_grad", "input_grad_spectrum", "output_of", "output_spectrum", "taps_of"]
 
 # The full filter spectrum (F x O x C/g complex) is larger than the activation for wide layers,
 # so it is computed a chunk of frequencies at a time: a small buffer, reused. Every chunk
@@ -106,7 +94,7 @@ def _accumulate_filter_grad(
     grad_taps.addmm_(plan.filter_analysis[2 * f0 + 1 : 2 * f1 : 2].T, spec[1].view(fc, -1))
 
 
-def _taps(w: torch.Tensor) -> torch.Tensor:
+def taps_of(w: torch.Tensor) -> torch.Tensor:
     """The weight ``(O, C/g, kh, kw)`` as a contiguous ``(kh kw, O C/g)`` matrix."""
     return w.reshape(w.shape[0] * w.shape[1], -1).T.contiguous()
 
@@ -171,7 +159,7 @@ def as_2d(t: torch.Tensor, spatial_dims: int) -> torch.Tensor:
     return t.unsqueeze(-2) if spatial_dims == 1 else t
 
 
-def _output(
+def output_of(
     y_spec: torch.Tensor, plan: DFTPlan, bias: torch.Tensor | None, spatial_dims: int, dtype: torch.dtype
 ) -> torch.Tensor:
     """The layer's output from its kept spectrum: the one computation forward and recompute share."""
@@ -195,7 +183,7 @@ class Spectrum(Source):
     def rebuild(self, tensors: Iterator[torch.Tensor]) -> torch.Tensor:
         y_spec = next(tensors)
         bias = next(tensors) if self.has_bias else None
-        return reuse(y_spec, lambda: _output(y_spec, self.plan, bias, self.spatial_dims, self.dtype))
+        return reuse(y_spec, lambda: output_of(y_spec, self.plan, bias, self.spatial_dims, self.dtype))
 
 
 @dataclass(frozen=True)
@@ -218,12 +206,12 @@ class FromInput(Source):
     def rebuild(self, tensors: Iterator[torch.Tensor]) -> torch.Tensor:
         kept, weight = next(tensors), next(tensors)
         bias = next(tensors) if self.has_bias else None
-        return reuse(kept, lambda: self._output(kept, weight, bias))
+        return reuse(kept, lambda: self.output_of(kept, weight, bias))
 
-    def _output(self, kept: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def output_of(self, kept: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         compute = self.plan.analysis_w.dtype
         w = as_2d(weight.to(compute), self.spatial_dims).contiguous()
-        taps = _taps(w)
+        taps = taps_of(w)
         n = kept.shape[2] if self.is_spectrum else kept.shape[0]
         out_bytes = w.element_size() * n * w.shape[0] * math.prod(self.plan.geometry.out_size)
         parts = []
@@ -232,8 +220,8 @@ class FromInput(Source):
                 x_spec = kept[:, :, part]
             else:
                 x_spec = analysis(as_2d(kept[part].to(compute), self.spatial_dims), self.plan)
-            y_spec = _output_spectrum(x_spec, w, taps, self.plan)
-            parts.append(_output(y_spec, self.plan, bias, self.spatial_dims, self.dtype))
+            y_spec = output_spectrum(x_spec, w, taps, self.plan)
+            parts.append(output_of(y_spec, self.plan, bias, self.spatial_dims, self.dtype))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -257,9 +245,7 @@ def _batch_slices(plan: DFTPlan, n: int, channels: int, activation_bytes: int, i
     )
 
 
-def _output_spectrum(
-    x_spec: torch.Tensor, w: torch.Tensor, taps: torch.Tensor, plan: DFTPlan
-) -> torch.Tensor:
+def output_spectrum(x_spec: torch.Tensor, w: torch.Tensor, taps: torch.Tensor, plan: DFTPlan) -> torch.Tensor:
     """Output spectrum ``(2, F, N, O)`` from a kept input spectrum (compute dtype, 2-D form)."""
     y_spec = x_spec.new_empty(2, x_spec.shape[1], x_spec.shape[2], w.shape[0])
     chunks = _chunks(plan, w.shape, w.element_size())
@@ -275,10 +261,10 @@ def _spectra(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Kept input spectrum and output spectrum of one batch slice ``x`` (compute dtype, 2-D form)."""
     x_spec = analysis(x, plan)
-    return x_spec, _output_spectrum(x_spec, w, taps, plan)
+    return x_spec, output_spectrum(x_spec, w, taps, plan)
 
 
-def _filter_grad(
+def filter_grad(
     g_spec: torch.Tensor, x_spec: torch.Tensor, w: torch.Tensor, grad_taps: torch.Tensor, plan: DFTPlan
 ) -> None:
     """Adds the filter gradient of output-gradient spectrum ``g_spec`` to ``grad_taps``."""
@@ -290,7 +276,7 @@ def _filter_grad(
         _accumulate_filter_grad(grad_taps, plan, gw_spec, f0, f1)
 
 
-def _input_grad_spectrum(
+def input_grad_spectrum(
     g_spec: torch.Tensor, w: torch.Tensor, taps: torch.Tensor, plan: DFTPlan
 ) -> torch.Tensor:
     """Gradient of the kept input spectrum from output-gradient spectrum ``g_spec``."""
@@ -337,19 +323,19 @@ class FFTConvFunction(torch.autograd.Function):
         out_bytes = w.element_size() * math.prod(out_shape)
         widest = max(channels, w.shape[0])
         slices = _batch_slices(plan, n, widest, max(input.nbytes, out_bytes), w.element_size())
-        taps = _taps(w)
+        taps = taps_of(w)
         if len(slices) == 1:
             x_spec, y_spec = _spectra(x, w, taps, plan)
             if not keep_x_spec:
                 x_spec = None  # not kept: freed before the output is made
-            out = _output(y_spec, plan, bias, spatial_dims, out_dtype)
+            out = output_of(y_spec, plan, bias, spatial_dims, out_dtype)
         else:
             out = x.new_empty(out_shape, dtype=out_dtype)
             x_spec = x.new_empty(2, plan.band.kept, n, channels) if keep_x_spec else None
             y_spec = x.new_empty(2, plan.band.kept, n, w.shape[0]) if return_spectrum is True else None
             for part in slices:
                 xs, ys = _spectra(x[part], w, taps, plan)
-                out[part] = _output(ys, plan, bias, spatial_dims, out_dtype)
+                out[part] = output_of(ys, plan, bias, spatial_dims, out_dtype)
                 for full, piece in ((x_spec, xs), (y_spec, ys)):
                     if full is not None:
                         full[:, :, part] = piece
@@ -378,7 +364,7 @@ class FFTConvFunction(torch.autograd.Function):
         x_full = None
         if need_w and ctx.source is not None:
             x_full = as_2d(rebuild(ctx.source, kept), spatial_dims)
-        taps = _taps(w)
+        taps = taps_of(w)
         grad_taps = torch.zeros_like(taps) if need_w else None
         grad_x = None
         for part in ctx.slices:
@@ -387,12 +373,12 @@ class FFTConvFunction(torch.autograd.Function):
             g_spec = synthesis_adjoint(as_2d(grad_out[part].to(compute), spatial_dims), plan)
             if grad_taps is not None:
                 x_spec = kept[0][:, :, part] if x_full is None else analysis(x_full[part].to(compute), plan)
-                _filter_grad(g_spec, x_spec, w, grad_taps, plan)
+                filter_grad(g_spec, x_spec, w, grad_taps, plan)
                 del x_spec
             if len(ctx.slices) == 1:
                 x_full = None
             if need_x:
-                gx_spec = _input_grad_spectrum(g_spec, w, taps, plan)
+                gx_spec = input_grad_spectrum(g_spec, w, taps, plan)
                 del g_spec
                 gx = analysis_adjoint(gx_spec, plan)
                 del gx_spec
@@ -422,136 +408,3 @@ def compute_dtypes(input: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
 
 def itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-# ------------------------------------------------- a convolution split at its kept input spectrum
-# ``conv_from_spectrum(analyse(x, plan), ...)`` computes what the spectral algorithm computes from
-# ``x`` (the same operations), with the kept input spectrum as a tensor between the two halves: a
-# checkpointed block keeps that instead of its input (:mod:`lightning_bandlimit.recompute.spectral`).
-def input_plan(
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    stride: IntOrTuple,
-    padding: IntOrTuple | str,
-    dilation: IntOrTuple,
-    groups: int,
-    padding_mode: str,
-    compression: float,
-    spatial_dims: int,
-) -> DFTPlan:
-    """The plan of the spectral algorithm for a batched ``input`` (arguments as :func:`fft_conv2d`).
-
-    The convolution's band is resolved here, once, and every algorithm reads it from the plan.
-    ``compression`` is trusted: its public caller checked it.
-
-    Raises:
-        ValueError: as :func:`fft_conv2d`, for the geometry.
-    """
-    geometry = resolve_geometry(
-        input, weight, bias, stride, padding, dilation, groups, padding_mode, spatial_dims
-    )
-    band = quantised_band(geometry.grid, compression)
-    return dft_plan_for(geometry, band, compute_dtypes(input)[0], input.device)
-
-
-def spectrum_bytes(input: torch.Tensor, plan: DFTPlan) -> int:
-    """Bytes of ``input``'s kept spectrum under ``plan`` (what :func:`analyse` returns)."""
-    return 2 * plan.band.kept * input.shape[0] * input.shape[1] * itemsize(plan.analysis_w.dtype)
-
-
-class _Analyse(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, input: torch.Tensor, plan: DFTPlan, spatial_dims: int) -> torch.Tensor:  # type: ignore[override]
-        ctx.plan, ctx.spatial_dims, ctx.dtype = plan, spatial_dims, input.dtype
-        return analysis(as_2d(input.to(plan.analysis_w.dtype), spatial_dims), plan)
-
-    @staticmethod
-    @once_differentiable
-    @autocast_off
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        plan: DFTPlan = ctx.plan
-        gx = analysis_adjoint(grad.contiguous(), plan)
-        return (gx.squeeze(-2) if ctx.spatial_dims == 1 else gx).to(ctx.dtype), None, None
-
-
-class _SpectralConv(torch.autograd.Function):
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx,
-        x_spec: torch.Tensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        plan: DFTPlan,
-        spatial_dims: int,
-        out_dtype: torch.dtype,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        w = as_2d(weight.to(plan.analysis_w.dtype), spatial_dims).contiguous()
-        y_spec = _output_spectrum(x_spec, w, _taps(w), plan)
-        out = _output(y_spec, plan, bias, spatial_dims, out_dtype)
-        ctx.plan, ctx.spatial_dims, ctx.has_bias = plan, spatial_dims, bias is not None
-        ctx.save_for_backward(weight, x_spec)
-        ctx.mark_non_differentiable(y_spec)
-        return out, y_spec
-
-    @staticmethod
-    @once_differentiable
-    @autocast_off
-    def backward(ctx, grad_out: torch.Tensor, _: torch.Tensor):  # type: ignore[override]
-        plan: DFTPlan = ctx.plan
-        weight, x_spec = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        compute = plan.analysis_w.dtype
-        w = as_2d(weight.to(compute), ctx.spatial_dims).contiguous()
-        taps = _taps(w)
-        grad_taps = torch.zeros_like(taps) if need_w else None
-        g_spec = synthesis_adjoint(as_2d(grad_out.to(compute), ctx.spatial_dims), plan)
-        if grad_taps is not None:
-            _filter_grad(g_spec, x_spec, w, grad_taps, plan)
-        gx_spec = _input_grad_spectrum(g_spec, w, taps, plan) if need_x else None
-        grad_b = None
-        if need_b and ctx.has_bias:
-            grad_b = grad_out.sum((0, *range(2, grad_out.dim())), dtype=compute).to(weight.dtype)
-        grad_w = grad_taps.T.reshape(weight.shape).to(weight.dtype) if grad_taps is not None else None
-        return gx_spec, grad_w, grad_b, None, None, None
-
-
-def analyse(input: torch.Tensor, plan: DFTPlan, spatial_dims: int) -> torch.Tensor:
-    """``input``'s kept spectrum under ``plan``, ``(2, F, N, C)``; differentiable, keeps nothing.
-
-    Example:
-        >>> x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
-        >>> w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
-        >>> plan = input_plan(x, w, None, 1, 1, 1, 1, "zeros", 0.5, 2)
-        >>> out = conv_from_spectrum(analyse(x, plan, 2), w, None, plan, 2, x.dtype)
-        >>> from lightning_bandlimit.functional import fft_conv2d
-        >>> torch.allclose(out, fft_conv2d(x, w, padding=1, compression=0.5, algorithm="spectral"))
-        True
-    """
-    with torch.autocast(input.device.type, enabled=False):
-        return _Analyse.apply(input, plan, spatial_dims)
-
-
-def conv_from_spectrum(
-    x_spec: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    plan: DFTPlan,
-    spatial_dims: int,
-    out_dtype: torch.dtype,
-    memory_lean: bool = True,
-) -> torch.Tensor:
-    """The band-limited convolution of the input whose kept spectrum is ``x_spec`` (see :func:`analyse`).
-
-    With ``memory_lean`` the output is offered to the next lean op as its kept spectrum, as
-    :func:`fft_conv2d` does.
-    """
-    with torch.autocast(x_spec.device.type, enabled=False):
-        out, y_spec = _SpectralConv.apply(x_spec, weight, bias, plan, spatial_dims, out_dtype)
-    if memory_lean:
-        if hands_spectrum_on(y_spec.nbytes, out.nbytes):
-            spectrum = Spectrum(plan, bias is not None, spatial_dims, out_dtype)
-            publish(out, spectrum, (y_spec,) if bias is None else (y_spec, bias))
-        else:
-            publish(out, Saved(), ())
-    return out

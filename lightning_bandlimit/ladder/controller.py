@@ -236,9 +236,10 @@ class LadderController(LadderModel):
         fitting = None if now is None else self._least_compression(now - deficit, above)  # type: ignore[operator]
         if fitting is not None:
             return Setting(lossy, fitting)
-        if exact and max(current.rung, self.top) > 0 and not self.continuum_on_top:
+        leaves = self.top > 0 or (deficit is None and current.rung > 0)  # a retry leaves any rung
+        if exact and leaves and not self.continuum_on_top:
             # past the exact rungs to the continuum on rung 0, nothing known of it: only a large
-            # compression is sure to free more than a checkpointed rung does
+            # compression is sure to free more than the checkpointed rung did
             return Setting(0, self.max_compression)
         if self._raise_did_not_lower(current):
             return safe_end  # not another step into the unknown

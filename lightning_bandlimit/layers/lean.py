@@ -25,12 +25,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from lightning_bandlimit.functional.lean.conv import lean_conv
 from lightning_bandlimit.functional.lean.ops import (
     BatchNormFunction,
     MaxPool2dFunction,
     ReluFunction,
     lean_batch_norm,
-    lean_conv,
     lean_max_pool2d,
     lean_relu,
     lean_wanted,

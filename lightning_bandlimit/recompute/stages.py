@@ -301,6 +301,10 @@ class CheckpointStages:
             checkpoint(module, name) if name in chosen else uncheckpoint(module)
         self.rung = rung
 
+    def units_at(self, rung: int) -> int:
+        """How many units rung ``rung`` checkpoints (``0`` before :meth:`set_stages`)."""
+        return sum(len(stage) for stage in self.stages[:rung]) if self.stages else 0
+
     def checkpointed(self) -> list[str]:
         """Names of the units checkpointed now."""
         return [name for name, module in self.units.items() if is_checkpointed(module)]

@@ -8,10 +8,10 @@ both messages name the argument, say what was expected and show what was given.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["check_bool", "check_choice", "check_compression", "check_int", "check_real"]
+__all__ = ["check_bool", "check_choice", "check_compression", "check_int", "check_real", "check_selection"]
 
 T = TypeVar("T")
 
@@ -173,3 +173,21 @@ def check_choice(name: str, value: T, choices: Collection[T]) -> T:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
     return value
+
+
+def check_selection(name: str, values: Sequence[str], choices: Sequence[str]) -> tuple[str, ...]:
+    """``values``, a non-empty selection of ``choices``, in the order of ``choices``.
+
+    Raises:
+        TypeError: if ``values`` is a string or not a sequence.
+        ValueError: if it is empty or names something not among ``choices``.
+
+    Example:
+        >>> check_selection("levers", ["compression", "checkpoint"], ("checkpoint", "compression"))
+        ('checkpoint', 'compression')
+    """
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a sequence of names from {list(choices)}, got {values!r}")
+    if not values or any(v not in choices for v in values):
+        raise ValueError(f"{name} must be a non-empty selection of {list(choices)}, got {list(values)}")
+    return tuple(c for c in choices if c in values)

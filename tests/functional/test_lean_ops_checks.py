@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightning_bandlimit import bandlimit
+from lightning_bandlimit.functional.lean.conv import lean_conv
 from lightning_bandlimit.functional.lean.ops import (
     lean_batch_norm,
-    lean_conv,
     lean_max_pool2d,
     lean_relu,
     pack_mask,

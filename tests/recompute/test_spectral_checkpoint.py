@@ -10,7 +10,7 @@ import torchvision
 from torch import nn
 
 from lightning_bandlimit.functional.lean.ops import pack_mask
-from lightning_bandlimit.functional.spectral_kernel import input_plan, spectrum_bytes
+from lightning_bandlimit.functional.spectrum_split import input_plan, spectrum_bytes
 from lightning_bandlimit.layers.surgery import bandlimit
 from lightning_bandlimit.models import cifar_resnet18
 from lightning_bandlimit.models.backbones import _BasicBlock
