@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("layers",),  # band-limited and lean layers, surgery, BatchNorm re-estimation
     ("recompute",),  # units, switching, spectral recompute, stages, the saved-tensor meter
     ("ladder",),  # the decision policy, torch-free
+    ("tenants",),  # a device's tenants: the ledger and the rule they share, torch-free
     ("memory", "data"),  # probes (memory re-exports the ladder's names for earlier releases)
     ("strategies", "callbacks"),
     ("models",),  # the example LightningModule may use the strategies' schedules
@@ -235,10 +236,10 @@ def test_no_module_is_longer_than_the_limit() -> None:
     assert not long, f"modules over {MAX_LINES} lines (split them by idea): {long}"
 
 
-def test_the_ladder_room_needs_no_torch() -> None:
-    """The ladder is plain Python: it imports nothing that imports torch (checked on the source)."""
+def test_the_ladder_and_tenants_rooms_need_no_torch() -> None:
+    """The ladder and the tenants' rule are plain Python: no import of torch (checked on the source)."""
     for name, path in _modules().items():
-        if name.startswith(f"{PACKAGE}.ladder"):
+        if name.startswith((f"{PACKAGE}.ladder", f"{PACKAGE}.tenants")):
             third_party = {
                 alias.name.split(".")[0]
                 for node in ast.walk(ast.parse(path.read_text()))
@@ -251,7 +252,7 @@ def test_the_ladder_room_needs_no_torch() -> None:
             }
             assert not third_party & {"torch", "lightning", "numpy"}, f"{name} imports {third_party}"
             inner = {t.split(".")[1] for t in _graph()[name]}
-            assert inner <= {"ladder", "utils"}, f"{name} imports {inner - {'ladder', 'utils'}}"
+            assert inner <= {"ladder", "tenants", "utils"}, f"{name} imports {inner}"
 
 
 @pytest.mark.parametrize("old", sorted(lightning_bandlimit.MOVED_MODULES))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -219,6 +219,7 @@ class AdaptiveBandLimit(BandLimit):
         self._guarded: pl.LightningModule | None = None
         self._last_check = -1
         self._step_started: float | None = None
+        self.coordinator: Callable[[AdaptiveBandLimit, pl.Trainer, Decision], Decision] | None = None
 
     @property
     def rung(self) -> int:
@@ -276,8 +277,7 @@ class AdaptiveBandLimit(BandLimit):
         self._stages.apply(min(rung, self.controller.top))
 
     def _is_check_step(self, step: int) -> bool:
-        """Whether a check follows optimizer step ``step``: ``trainer.global_step`` once that step
-        ran (at a batch's start, the batch ends at ``global_step + 1``)."""
+        """Whether a check follows optimizer step ``step`` (a batch ends at ``global_step + 1``)."""
         return step % self.check_every_n_steps == 0 and step != self._last_check
 
     @override
@@ -376,17 +376,18 @@ class AdaptiveBandLimit(BandLimit):
         if self.probe is None or not self._is_check_step(trainer.global_step):
             return
         self._last_check = trainer.global_step
-        read = self._read()
-        if read is None:
+        if (read := self._read()) is None:
             return
         reading, peak = read
         if trainer.world_size > 1:
             reading, peak = agree_across_ranks(trainer.strategy, self.controller, reading, peak, self._device)
-        self._apply(trainer, pl_module, self._decide(reading, peak), peak)
+        decision = self._decide(reading, peak)
+        if self.coordinator is not None:  # other memory-aware jobs on the device (SharedDevice)
+            decision = self.coordinator(self, trainer, decision)
+        self._apply(trainer, pl_module, decision, peak)
 
     def _read(self) -> tuple[MemoryReading, int | None] | None:
-        """The device's free memory and the job's peak (:func:`~.ladder_decisions.read_job`);
-        ``None`` (one warning, the probe dropped) if the probe stopped working."""
+        """:func:`~.ladder_decisions.read_job`; ``None`` (said once) if the probe stopped working."""
         try:
             return read_job(self.probe, self._device, self._job_peak)  # type: ignore[arg-type]
         except ProbeUnavailable as error:
@@ -473,8 +474,7 @@ class AdaptiveBandLimit(BandLimit):
             self._stages.release()  # the user's model as it was
             self._stages = None
         if self._guarded is not None:
-            unguard_training_step(self._guarded)
-            self._guarded = None
+            self._guarded = unguard_training_step(self._guarded)
         if self.probe is not None and self._probe_spec == "auto":
             self.probe.close()
             self.probe = None

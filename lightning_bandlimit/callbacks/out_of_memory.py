@@ -61,7 +61,7 @@ def guard_training_step(pl_module: pl.LightningModule, on_out_of_memory: Callabl
 
 
 def unguard_training_step(pl_module: pl.LightningModule) -> None:
-    """Undo :func:`guard_training_step`: back to the class's method."""
+    """Undo :func:`guard_training_step`: back to the class's method (returns ``None``)."""
     del pl_module.training_step
 
 

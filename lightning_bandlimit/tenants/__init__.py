@@ -1,0 +1,14 @@
+"""Several training jobs on one device: how their memory-aware callbacks know each other and
+share one ladder (plain Python: no torch, no Lightning).
+
+* :mod:`.ledger`: a device's tenants find each other without a server: one small file per job
+  in a shared folder, written atomically, with a heartbeat (:class:`Ledger`, :class:`Tenant`).
+* :mod:`.coordination`: one ladder across the tenants: the cheapest lever across every job moves
+  first, exact before lossy; on release the lossy part first, across jobs
+  (:class:`Coordination`; what each job offers: :func:`offer`).
+"""
+
+from lightning_bandlimit.tenants.coordination import Coordination, offer
+from lightning_bandlimit.tenants.ledger import Ledger, Tenant
+
+__all__ = ["Coordination", "Ledger", "Tenant", "offer"]

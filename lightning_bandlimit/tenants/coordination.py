@@ -1,0 +1,177 @@
+"""One ladder across a device's tenants: the cheapest lever across all jobs moves first.
+
+Each job's controller decides from the device's free memory as if it were alone; its
+:class:`Coordination` then looks at the same ledger snapshot as every other job and lets the
+decision through or turns it into a hold, by one rule that every job applies alike (no job
+waits for an answer from another):
+
+* **Under a shortfall** a job moves when no cheaper move of another job covers it: every exact
+  move of every job comes before any job compresses (a job whose next move is lossy holds while a
+  peer has an exact rung left), and among moves of one kind the cheapest first (measured slowdown
+  per GiB freed, then the job's name), each counting what it is predicted to free (a move whose
+  saving is unknown is taken to cover the shortfall: it will be measured at the next check).
+  A job whose peer changed within ``dwell`` seconds holds: that change is not in the readings
+  yet (the remedy for controllers that react to one signal out of step).
+* **On release** the lossy part goes first, across jobs (a job that would give back an exact
+  rung holds while a peer is compressed), one job at a time: the most lossy first.
+* **Never overdraw to be polite**: with nothing free (over budget) a job moves at once, and after
+  ``patience`` checks held in a row it moves whatever the others offer (but an exact rung is not
+  given back while a peer compresses).
+
+A job with no peers is let through unchanged, as is every hold: alone, a job behaves exactly as
+without the ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lightning_bandlimit.ladder.controller import LadderController
+from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
+from lightning_bandlimit.ladder.setting import Decision, Setting
+from lightning_bandlimit.tenants.ledger import Tenant
+from lightning_bandlimit.utils.validation import check_int, check_real
+
+__all__ = ["Coordination", "offer"]
+
+_GIB = float(2**30)
+
+
+def offer(controller: LadderController, current: Setting) -> dict[str, object]:
+    """What a job publishes of its next move up from ``current``: whether it holds a lossy lever
+    now, whether an exact rung is left, and its next move's kind, predicted saving and measured
+    cost (:class:`~lightning_bandlimit.tenants.ledger.Tenant`'s fields).
+
+    Example:
+        >>> ladder = LadderController(rungs=2, min_free=100)
+        >>> ladder.set_stage_savings([300.0, 100.0]); ladder.observe(Setting(0, 0.0), 1000)
+        >>> offer(ladder, Setting(0, 0.0))["next_freed"]  # rung 1 not visited: its stage's hint
+        300.0
+    """
+    exact = current.compression <= controller.min_compression
+    entry: dict[str, object] = {
+        "rung": current.rung,
+        "compression": current.compression,
+        "lossy": not exact,
+        "exact_left": exact and current.rung < controller.top,
+        "next_freed": None,
+        "next_lossy": None,
+        "next_cost": None,
+    }
+    now = controller.predict(current)
+    if entry["exact_left"]:
+        upper = current.rung + 1
+        measured = controller.rung_memory.points
+        freed = None
+        if now is not None and upper in measured:
+            freed = now - measured[upper]
+        elif controller.stage_savings is not None:
+            freed = controller.stage_savings[current.rung]
+        slower = controller.slowdown(upper)
+        base = controller.slowdown(current.rung) if current.rung else 1.0
+        cost = None
+        if freed is not None and freed > 0 and slower is not None and base is not None:
+            cost = max(0.0, slower - base) / (freed / _GIB)
+        entry.update(next_freed=freed, next_lossy=False, next_cost=cost)
+    elif controller.lossy and current.compression < controller.max_compression:
+        target = controller.clamp(current.compression + controller.raise_step)
+        after = controller.predict(Setting(controller.lossy_rung, target))
+        freed = None if now is None or after is None else max(0.0, now - after)
+        entry.update(next_freed=freed, next_lossy=True)
+    return entry
+
+
+class Coordination:
+    """Lets a job's decisions through, or holds them, by the rule of the module docstring.
+
+    Args:
+        dwell: seconds after a peer's change during which a job holds (its effect is not in the
+            readings yet).
+        patience: checks a job holds in a row under pressure before it moves anyway.
+
+    Raises:
+        ValueError: for a negative ``dwell`` or a ``patience`` below 1.
+
+    Example:
+        >>> rule = Coordination(dwell=0.0)
+        >>> me = Tenant("b", 2, 0.0, exact_left=True, next_freed=64.0, next_lossy=False)
+        >>> peer = Tenant("a", 1, 0.0, exact_left=True, next_freed=64.0, next_lossy=False)
+        >>> squeeze = Decision(1, 0.0, "raise", free=50, threshold=100)  # 50 bytes short
+        >>> rule.decide(squeeze, Setting(0, 0.0), me, [peer], now=1.0)[0].reason  # a's move covers it
+        'hold'
+        >>> rule.decide(squeeze, Setting(0, 0.0), me, [], now=1.0)[0].reason  # alone
+        'raise'
+    """
+
+    def __init__(self, dwell: float = 0.0, patience: int = 3) -> None:
+        self.dwell = check_real("dwell", dwell, minimum=0)
+        self.patience = check_int("patience", patience, minimum=1)
+        self.held = 0  # checks held in a row under pressure
+
+    def decide(
+        self, decision: Decision, current: Setting, me: Tenant, peers: Sequence[Tenant], now: float
+    ) -> tuple[Decision, str | None]:
+        """``decision`` or a hold at ``current``, and why it was held (``None``: let through)."""
+        why, firm = (None, False) if not peers else self._why_hold(decision, me, peers, now)
+        if why is not None and not firm:
+            self.held += 1
+            if (decision.reason == RAISE and decision.free <= 0) or self.held > self.patience:
+                why = None  # never overdraw to be polite, nor wait on a peer for ever
+        if why is None:
+            if decision.reason != HOLD:
+                self.held = 0
+            return decision, None
+        return Decision(current.rung, current.compression, HOLD, decision.free, decision.threshold), why
+
+    def _why_hold(
+        self, decision: Decision, me: Tenant, peers: Sequence[Tenant], now: float
+    ) -> tuple[str | None, bool]:
+        """Why to hold (``None``: no reason) and whether the hold is firm (patience does not end
+        it: an exact rung kept while a peer compresses)."""
+        if decision.reason not in (RAISE, LOWER):
+            return None, False
+        recent = [p.job for p in peers if now - p.changed_at < self.dwell]
+        if recent:
+            return f"{', '.join(recent)} changed within {self.dwell:g} s: not in the readings yet", False
+        if decision.reason == RAISE:
+            return _raise_held(decision, me, peers), False
+        if not me.lossy and any(p.lossy for p in peers):
+            lossy = ", ".join(p.job for p in peers if p.lossy)
+            return f"{lossy} still compress: lossy levers are given back first, across jobs", True
+        return _release_held(me, peers), False
+
+    def state_dict(self) -> dict[str, int]:
+        return {"held": self.held}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.held = int(state.get("held", 0))
+
+
+def _raise_held(decision: Decision, me: Tenant, peers: Sequence[Tenant]) -> str | None:
+    lossy = decision.compression > me.compression or me.lossy  # my move compresses
+    if lossy:
+        exact = [p.job for p in peers if p.exact_left]
+        if exact:
+            return f"{', '.join(exact)} still have exact rungs: exact levers first, across jobs"
+    deficit = max(0.0, float(decision.threshold - decision.free))
+    mine = (me.next_cost or 0.0, me.job)
+    covered = 0.0
+    cheaper = []
+    for peer in sorted(peers, key=lambda p: (p.next_cost or 0.0, p.job)):
+        if peer.next_lossy is None or peer.next_lossy != lossy or (peer.next_cost or 0.0, peer.job) >= mine:
+            continue
+        cheaper.append(peer.job)
+        covered = float("inf") if peer.next_freed is None else covered + peer.next_freed
+        if covered >= deficit:
+            return f"a cheaper move of {', '.join(cheaper)} covers the {deficit / 2**20:.1f} MiB short"
+    return None
+
+
+def _release_held(me: Tenant, peers: Sequence[Tenant]) -> str | None:
+    def order(t: Tenant) -> tuple[bool, float, int, str]:
+        return (not t.lossy, -t.compression, -t.rung, t.job)
+
+    ahead = [p.job for p in peers if (p.lossy or p.rung > 0) and order(p) < order(me)]
+    if ahead:
+        return f"{', '.join(ahead)} give back first (one job at a time, the most lossy first)"
+    return None

@@ -1,0 +1,168 @@
+"""A device's tenants, found without a server: one small JSON file per job in a shared folder.
+
+Each job writes its own entry (:class:`Tenant`) atomically (a temporary file, then
+``os.replace``), so a reader sees a whole entry or the previous one, never half of one. An entry
+carries a heartbeat (the time of its last write); an entry older than ``timeout`` seconds is a
+job that died without leaving, and is ignored. Unreadable entries (another version's, a disk
+error) are ignored too: the ledger carries intent, and a job it cannot read is a co-tenant as
+any other. Entries are grouped by device (a GPU's UUID; on CPU, the host's name), one folder each.
+
+The ledger's clock is ``time.time`` (wall time, comparable across processes on one host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from lightning_bandlimit.utils.files import atomic_write_json
+from lightning_bandlimit.utils.validation import check_real
+
+__all__ = ["Ledger", "Tenant", "host_device"]
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One job's entry: where it stands on its ladder and what its next move would cost.
+
+    Attributes:
+        job: the job's name, unique on the device.
+        pid: its process id (on CPU, what its resident memory is measured by).
+        heartbeat: ``time.time()`` of the entry's last write.
+        rung: its exact rung now.
+        compression: its compression now.
+        lossy: whether it runs above its floor compression (it holds a lossy lever).
+        changed_at: ``time.time()`` of its last change of setting (``0``: none yet).
+        exact_left: whether an exact rung is left above its setting.
+        next_freed: bytes its next move up is predicted to free (``None``: unknown).
+        next_lossy: whether that move is lossy (a compression; ``None``: no move left).
+        next_cost: its measured slowdown per GiB freed (``None``: unknown).
+        memory: its own measured memory, bytes (``None``: unknown).
+    """
+
+    job: str
+    pid: int
+    heartbeat: float
+    rung: int = 0
+    compression: float = 0.0
+    lossy: bool = False
+    changed_at: float = 0.0
+    exact_left: bool = False
+    next_freed: float | None = None
+    next_lossy: bool | None = None
+    next_cost: float | None = None
+    memory: int | None = None
+
+    def setting_differs(self, setting: Any) -> bool:
+        """Whether ``setting`` (a ladder :class:`~lightning_bandlimit.ladder.Setting`) is not this entry's."""
+        return (self.rung, self.compression) != (setting.rung, setting.compression)
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> Tenant:
+        """An entry from its JSON form; unknown keys (a newer version's) are ignored.
+
+        Raises:
+            TypeError: if a required field is missing.
+        """
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in value.items() if k in names})
+
+
+def host_device() -> str:
+    """The device key of a CPU job: the host's budget is shared by the jobs of one host."""
+    return f"host-{socket.gethostname()}"
+
+
+class Ledger:
+    """The entries of one device's tenants in ``folder``: this job's, and its live peers'.
+
+    Args:
+        folder: a folder every tenant of the device can write (created if missing).
+        device: the device's key (a GPU's UUID; :func:`host_device` on CPU).
+        job: this job's name (default: a fresh unique one); letters, digits, ``_.-`` are kept.
+        timeout: seconds after which a silent peer is taken for dead and ignored.
+        clock: the time source (``time.time``; a test may pass another).
+
+    Raises:
+        ValueError: for a non-positive ``timeout`` or an empty ``device``.
+
+    Example:
+        >>> import tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> a, b = Ledger(folder, "gpu-0", job="a"), Ledger(folder, "gpu-0", job="b")
+        >>> _ = a.publish(rung=1), b.publish(rung=0)
+        >>> [(t.job, t.rung) for t in a.peers()]
+        [('b', 0)]
+        >>> b.leave(); a.peers()
+        []
+    """
+
+    def __init__(
+        self,
+        folder: str | Path,
+        device: str,
+        job: str | None = None,
+        timeout: float = 120.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not device:
+            raise ValueError("device must name the device the tenants share, got an empty string")
+        self.timeout = check_real("timeout", timeout, minimum=0, min_open=True)
+        self.folder = Path(folder) / _SAFE.sub("_", device)
+        self.job = _SAFE.sub("_", job) if job else f"job-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.clock = clock
+        self.path = self.folder / f"{self.job}.json"
+        self.last: Tenant | None = None
+
+    def publish(self, **entry: Any) -> Tenant:
+        """Write this job's entry (its fields as :class:`Tenant`'s, but ``job``, ``pid`` and
+        ``heartbeat``, which the ledger fills in); returns it.
+
+        Raises:
+            OSError: if the folder cannot be written.
+        """
+        tenant = Tenant(job=self.job, pid=os.getpid(), heartbeat=self.clock(), **entry)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.path, asdict(tenant))
+        self.last = tenant
+        return tenant
+
+    def beat(self) -> None:
+        """Renew the heartbeat of the last entry published (nothing before the first)."""
+        if self.last is not None:
+            entry = {k: v for k, v in asdict(self.last).items() if k not in ("job", "pid", "heartbeat")}
+            self.publish(**entry)
+
+    def peers(self) -> list[Tenant]:
+        """The live peers' entries, by job name: every entry but this job's, heard from within
+        ``timeout`` seconds and readable."""
+        now = self.clock()
+        found = []
+        for path in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
+            if path == self.path:
+                continue
+            try:
+                tenant = Tenant.from_dict(json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError):
+                continue  # gone, half of another version's, or not ours: not a tenant we can read
+            if now - tenant.heartbeat <= self.timeout:
+                found.append(tenant)
+        return found
+
+    def leave(self) -> None:
+        """Remove this job's entry (its peers stop counting it at once)."""
+        self.path.unlink(missing_ok=True)
+        self.last = None
+
+    def __repr__(self) -> str:
+        return f"Ledger({str(self.folder)!r}, job={self.job!r})"

@@ -1,0 +1,194 @@
+"""The rule the tenants of one device share, driven on a simulated device: free = total -
+co-tenant - every job's memory at the setting it runs on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from lightning_bandlimit.ladder import Decision, LadderController, Setting
+from lightning_bandlimit.memory import MemoryReading
+from lightning_bandlimit.tenants import Coordination, Ledger, Tenant, offer
+
+FLOOR = Setting(0, 0.0)
+
+
+def _memory(setting: Setting) -> float:
+    """A job's memory: 3000 at rung 0, each of two rungs frees 150, compression frees 100 per 0.1."""
+    return 3000 - 150 * setting.rung - 1000 * setting.compression
+
+
+def _ladder() -> LadderController:
+    ladder = LadderController(rungs=2, min_free=200, release_free=400, release_checks=2, cooldown_checks=1)
+    ladder.set_stage_savings([150.0, 150.0])
+    return ladder
+
+
+def _run(
+    tmp_path: Path, jobs: int, cotenant: list[int], coordinate: bool, memory: Callable = _memory
+) -> tuple[list[list[Setting]], list[float]]:
+    """Each step every job checks in turn (one second apart) and reads the device as it was at
+    the step's start: a change shows in memory only after the next step, while the ledger shows
+    it at once. The device holds the jobs' memory at rung 0 and 600 bytes more. Returns each
+    job's settings per step and the free memory per step."""
+    total = jobs * int(memory(FLOOR)) + 600
+    ladders = [_ladder() for _ in range(jobs)]
+    rules = [Coordination(dwell=jobs - 0.5) for _ in range(jobs)]  # a peer changed within the round
+    clock = [0.0]
+    ledgers = [Ledger(tmp_path, "gpu-0", job=f"job{i}", clock=lambda: clock[0]) for i in range(jobs)]
+    settings = [FLOOR] * jobs
+    changed = [0.0] * jobs
+    history: list[list[Setting]] = [[] for _ in range(jobs)]
+    frees = []
+    for used in cotenant:
+        free = total - used - sum(memory(s) for s in settings)
+        for i in range(jobs):
+            clock[0] += 1.0
+            ladders[i].observe(settings[i], memory(settings[i]))
+            decision = ladders[i].decide(MemoryReading(total, max(0, int(free)), "scripted"), settings[i])
+            me = ledgers[i].publish(**offer(ladders[i], settings[i]), changed_at=changed[i])
+            if coordinate:
+                decision, _ = rules[i].decide(decision, settings[i], me, ledgers[i].peers(), clock[0])
+            if decision.setting != settings[i]:
+                changed[i] = clock[0]
+                settings[i] = decision.setting
+                ledgers[i].publish(**offer(ladders[i], settings[i]), changed_at=changed[i])
+        for i in range(jobs):
+            history[i].append(settings[i])
+        frees.append(total - used - sum(memory(s) for s in settings))
+    return history, frees
+
+
+def _changes(history: list[Setting]) -> int:
+    return sum(a != b for a, b in zip(history, history[1:]))
+
+
+SQUEEZE = [0] * 3 + [500] * 12 + [0] * 12  # 100 free, 100 short: one job's rung 1 covers it
+
+
+def test_independent_jobs_both_climb_for_a_squeeze_one_could_absorb(tmp_path: Path) -> None:
+    history, frees = _run(tmp_path, 2, SQUEEZE, coordinate=False)
+    assert all(max(s.rung for s in h) > 0 for h in history)  # the over-reaction: both paid
+
+
+def test_coordinated_jobs_meet_the_squeeze_with_one_job_exact_rungs(tmp_path: Path) -> None:
+    history, frees = _run(tmp_path, 2, SQUEEZE, coordinate=True)
+    climbed = [max(s.rung for s in h) > 0 for h in history]
+    assert climbed.count(True) == 1  # one job paid
+    assert all(s.compression == 0 for h in history for s in h)  # exact only
+    assert min(frees) >= 0  # never over the device
+    assert all(h[-1] == FLOOR for h in history)  # and all given back
+
+
+def test_coordination_changes_levers_less_often_than_independent_jobs(tmp_path: Path) -> None:
+    alone, _ = _run(tmp_path / "a", 3, SQUEEZE, coordinate=False)
+    shared, _ = _run(tmp_path / "b", 3, SQUEEZE, coordinate=True)
+    assert sum(map(_changes, shared)) < sum(map(_changes, alone))
+
+
+def test_a_deep_squeeze_uses_every_exact_rung_of_every_job_before_any_compression(tmp_path: Path) -> None:
+    deep = [0] * 3 + [300] * 4 + [1300] * 12 + [0] * 30  # then more than all four exact rungs free
+    history, frees = _run(tmp_path / "a", 2, deep, coordinate=True)
+    _, alone = _run(tmp_path / "b", 2, deep, coordinate=False)
+    assert any(s.compression > 0 for h in history for s in h)
+    for step in range(len(deep)):
+        settings = [h[step] for h in history]
+        if any(s.compression > 0 for s in settings):
+            assert all(s.rung == 2 or s.compression > 0 for s in settings), (step, settings)
+    # the jump is larger than what the levers free within one check: over once; alone, both
+    # jobs also give back their compression at once afterwards, and overdraw again
+    assert sum(f < 0 for f in frees) == 1 < sum(f < 0 for f in alone)
+    assert all(h[-1] == FLOOR for h in history)
+
+
+def test_alone_the_rule_changes_nothing(tmp_path: Path) -> None:
+    single, _ = _run(tmp_path / "a", 1, SQUEEZE, coordinate=True)
+    plain, _ = _run(tmp_path / "b", 1, SQUEEZE, coordinate=False)
+    assert single == plain
+
+
+def _tenant(job: str, **kwargs: object) -> Tenant:
+    return Tenant(job=job, pid=1, heartbeat=0.0, **kwargs)  # type: ignore[arg-type]
+
+
+RAISE = Decision(1, 0.0, "raise", free=100, threshold=200)  # 100 short
+EXACT_OFFER = {"exact_left": True, "next_lossy": False, "next_freed": 150.0}
+
+
+def test_the_cheapest_move_first_then_the_job_name() -> None:
+    rule = Coordination()
+    me = _tenant("b", **EXACT_OFFER, next_cost=0.1)
+    cheaper = _tenant("c", **EXACT_OFFER, next_cost=0.05)
+    dearer = _tenant("a", **EXACT_OFFER, next_cost=0.2)
+    assert rule.decide(RAISE, FLOOR, me, [dearer], now=0)[0] == RAISE
+    held, why = rule.decide(RAISE, FLOOR, me, [cheaper], now=0)
+    assert held.reason == "hold" and "c" in why
+    small = _tenant("c", **{**EXACT_OFFER, "next_freed": 50.0}, next_cost=0.05)  # does not cover 100
+    assert rule.decide(RAISE, FLOOR, me, [small], now=0)[0] == RAISE
+
+
+def test_a_lossy_move_waits_for_any_exact_rung_left_but_not_when_nothing_is_free() -> None:
+    rule = Coordination(patience=5)
+    me = _tenant("a", rung=2, next_lossy=True, next_freed=400.0)
+    compress = Decision(2, 0.2, "raise", free=100, threshold=200)
+    peer = _tenant("b", exact_left=True, next_lossy=False, next_freed=None)
+    held, why = rule.decide(compress, Setting(2, 0.0), me, [peer], now=0)
+    assert held.setting == Setting(2, 0.0) and "exact" in why
+    overdrawn = Decision(2, 0.2, "raise", free=0, threshold=200)
+    assert rule.decide(overdrawn, Setting(2, 0.0), me, [peer], now=0)[0] == overdrawn
+
+
+def test_patience_ends_a_hold_under_pressure() -> None:
+    rule = Coordination(patience=2)
+    me, peer = _tenant("b", **EXACT_OFFER), _tenant("a", **EXACT_OFFER)
+    reasons = [rule.decide(RAISE, FLOOR, me, [peer], now=0)[0].reason for _ in range(3)]
+    assert reasons == ["hold", "hold", "raise"]
+
+
+def test_a_peers_recent_change_is_waited_for() -> None:
+    rule = Coordination(dwell=10.0)
+    me, peer = _tenant("a", **EXACT_OFFER), _tenant("b", changed_at=95.0)
+    assert rule.decide(RAISE, FLOOR, me, [peer], now=100.0)[0].reason == "hold"
+    assert rule.decide(RAISE, FLOOR, me, [peer], now=106.0)[0] == RAISE
+
+
+def test_release_gives_back_lossy_levers_first_across_jobs_and_firmly() -> None:
+    rule = Coordination(patience=1)
+    release = Decision(0, 0.0, "lower", free=900, threshold=400)
+    me = _tenant("a", rung=2)
+    compressing = _tenant("b", rung=0, compression=0.3, lossy=True)
+    for _ in range(3):  # patience does not end it: an exact rung is kept while a peer compresses
+        held, why = rule.decide(release, Setting(2, 0.0), me, [compressing], now=0)
+        assert held.reason == "hold" and "compress" in why
+    assert rule.decide(release, Setting(2, 0.0), me, [_tenant("b", rung=1)], now=0)[0] == release
+
+
+def test_holds_and_out_of_memory_pass_through() -> None:
+    rule = Coordination()
+    hold = Decision(0, 0.0, "hold", free=500, threshold=200)
+    assert rule.decide(hold, FLOOR, _tenant("b"), [_tenant("a", **EXACT_OFFER)], now=0) == (hold, None)
+
+
+def test_offer_names_the_next_move_and_what_it_frees() -> None:
+    ladder = _ladder()
+    ladder.observe(FLOOR, 3000)
+    hinted = offer(ladder, FLOOR)
+    assert (hinted["exact_left"], hinted["next_lossy"], hinted["next_freed"]) == (True, False, 150.0)
+    ladder.observe(Setting(1, 0.0), 2900)  # measured: rung 1 frees 100
+    ladder.observe_time(0, 1.0)
+    ladder.observe_time(1, 1.2)
+    measured = offer(ladder, FLOOR)
+    assert measured["next_freed"] == 100.0
+    assert measured["next_cost"] == pytest.approx(0.2 / (100 / 2**30))
+    top = offer(ladder, Setting(2, 0.0))
+    assert (top["exact_left"], top["next_lossy"]) == (False, True)
+    end = offer(ladder, Setting(ladder.lossy_rung, ladder.max_compression))
+    assert end["next_lossy"] is None and end["lossy"] is True
+
+
+@pytest.mark.parametrize(("kwargs", "error"), [({"dwell": -1.0}, ValueError), ({"patience": 0}, ValueError)])
+def test_bad_rule_arguments(kwargs: dict, error: type) -> None:
+    with pytest.raises(error):
+        Coordination(**kwargs)
