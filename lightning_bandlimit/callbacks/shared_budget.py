@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
@@ -21,8 +22,9 @@ __all__ = ["SharedBudget", "over_budget_steps"]
 
 
 def over_budget_steps(timeline: list[dict[str, Any]], budget: int) -> int:
-    """Steps of a :attr:`SharedBudget.timeline` whose job peak plus co-tenant exceeded ``budget``."""
-    return sum(r["job_bytes"] + r["cotenant_bytes"] > budget for r in timeline)
+    """Steps of a :attr:`SharedBudget.timeline` whose job peak plus co-tenant (plus the other jobs
+    on the budget, if any) exceeded ``budget``."""
+    return sum(r["job_bytes"] + r["cotenant_bytes"] + r.get("peer_bytes", 0) > budget for r in timeline)
 
 
 class SharedBudget(Callback):
@@ -53,6 +55,8 @@ class SharedBudget(Callback):
             baseline run; :meth:`over_budget_steps` can apply one afterwards).
         trace: the co-tenant's bytes over the run.
         chunk_bytes: the co-tenant's allocation granularity.
+        peers: returns the bytes of other training jobs on the same budget now (measured, e.g.
+            their resident sets); they count as the co-tenant does (``peer_bytes`` in the timeline).
 
     Raises:
         TypeError: if ``budget`` is not an integer number of bytes or ``trace`` is not a
@@ -66,13 +70,20 @@ class SharedBudget(Callback):
         True
     """
 
-    def __init__(self, budget: int | None, trace: RampTrace, chunk_bytes: int = 2**20) -> None:
+    def __init__(
+        self,
+        budget: int | None,
+        trace: RampTrace,
+        chunk_bytes: int = 2**20,
+        peers: Callable[[], int] | None = None,
+    ) -> None:
         super().__init__()
         if budget is not None:
             budget = check_int("budget", budget, minimum=1)
         if not isinstance(trace, RampTrace):
             raise TypeError(f"trace must be a RampTrace, got {type(trace).__name__}")
-        self.budget, self.trace, self.chunk_bytes = budget, trace, chunk_bytes
+        self.budget, self.trace, self.chunk_bytes, self.peers = budget, trace, chunk_bytes, peers
+        self._step_peers = 0
         self.cotenant: CoTenant | None = None
         self.timeline: list[dict[str, Any]] = []
         self._total_steps = 1
@@ -91,7 +102,10 @@ class SharedBudget(Callback):
         return own
 
     def _others(self) -> int:
-        return self.cotenant.resident if self.cotenant is not None else 0
+        return (self.cotenant.resident if self.cotenant is not None else 0) + self._peer_bytes()
+
+    def _peer_bytes(self) -> int:
+        return int(self.peers()) if self.peers is not None else 0
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -123,6 +137,7 @@ class SharedBudget(Callback):
         if self._peak_resets:
             reset_peak_resident()
         self._step_start = resident_bytes()
+        self._step_peers = self._peer_bytes()
 
     @override
     def on_train_batch_end(
@@ -131,13 +146,14 @@ class SharedBudget(Callback):
         job = peak_resident_bytes() if self._peak_resets else resident_bytes()
         self._since_read = max(self._since_read, job)
         band = next((cb for cb in trainer.callbacks if isinstance(cb, BandLimit)), None)
-        over = self.budget is not None and job + self._step_cotenant > self.budget
+        over = self.budget is not None and job + self._step_cotenant + self._step_peers > self.budget
         self.timeline.append(
             {
                 "step": trainer.global_step,
                 "job_bytes": job,
                 "start_bytes": self._step_start,
                 "cotenant_bytes": self._step_cotenant,
+                "peer_bytes": self._step_peers,
                 "compression": band.compression if band is not None else 0.0,
                 "rung": getattr(band, "rung", 0),
                 "checkpointed_units": sum(is_checkpointed(m) for m in pl_module.modules()),

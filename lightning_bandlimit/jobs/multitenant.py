@@ -18,12 +18,14 @@ lightning_bandlimit.jobs.multitenant SPEC.json`` runs one job (what :func:`launc
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -40,6 +42,7 @@ __all__ = [
     "adaptive_thresholds",
     "budget_for",
     "launch",
+    "launch_set",
     "over_budget",
     "plot_timelines",
     "run_job",
@@ -48,6 +51,7 @@ __all__ = [
 Mode = Literal["plain", "checkpointed", "fixed", "adaptive"]
 MODES = ("plain", "checkpointed", "fixed", "adaptive")
 HOST_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+DWELL_S = 2.0  # a coordinated job waits this long after a peer's change (a few CPU steps)
 
 
 @dataclass
@@ -71,6 +75,13 @@ class JobSpec:
             re-estimated over before each validation (``0``: off).
         levers: ``adaptive``: the levers (``["checkpoint", "compression"]``, the ladder, by
             default; ``["compression"]``: compression only).
+        device: a folder the training jobs of one budget share (several jobs on one device):
+            each registers its process there, and the others' resident sets count against the
+            budget as the co-tenant's does (``None``: the job is alone with its co-tenant).
+        coordinate: ``adaptive`` with ``device``: ``True`` adds a
+            :class:`~lightning_bandlimit.callbacks.SharedDevice` (one ladder across the jobs);
+            ``False`` leaves each job's ladder on its own (independent).
+        seed: the training seed (``--seed_everything``; ``None``: the recipe's).
 
     Raises:
         ValueError: for an unknown mode, or an adaptive job without budget and thresholds.
@@ -89,6 +100,9 @@ class JobSpec:
     release_free: int | None = None
     recalibrate_bn: int = 8
     levers: list[str] = field(default_factory=lambda: ["checkpoint", "compression"])
+    device: str | None = None
+    coordinate: bool = False
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
@@ -147,6 +161,7 @@ def run_job(spec: JobSpec) -> JobResult:
             "",
             "--trainer.enable_progress_bar",
             "false",
+            *([] if spec.seed is None else ["--seed_everything", str(spec.seed)]),
             *spec.overrides,
         ],
         run=False,
@@ -156,7 +171,8 @@ def run_job(spec: JobSpec) -> JobResult:
     recipe_bands = [cb for cb in trainer.callbacks if isinstance(cb, BandLimit)]
     template = recipe_bands[0] if recipe_bands else BandLimit()
     trainer.callbacks[:] = [cb for cb in trainer.callbacks if not isinstance(cb, BandLimit)]
-    shared = SharedBudget(spec.budget, RampTrace(**spec.trace))
+    peers = _register(spec) if spec.device is not None else None
+    shared = SharedBudget(spec.budget, RampTrace(**spec.trace), peers=peers)
     trainer.callbacks.insert(0, shared)
     selection = {"include": template.include, "exclude": template.exclude, "pointwise": template.pointwise}
     band: BandLimit | None = None
@@ -181,6 +197,10 @@ def run_job(spec: JobSpec) -> JobResult:
             checkpoint(unit)
     if band is not None:
         trainer.callbacks.insert(1, band)
+    if isinstance(band, AdaptiveBandLimit) and spec.device is not None and spec.coordinate:
+        from lightning_bandlimit.callbacks import SharedDevice
+
+        trainer.callbacks.append(SharedDevice(Path(spec.device) / "ledger", job=spec.name, dwell=DWELL_S))
     timer = StepTimer()
     trainer.callbacks.append(timer)
     started = time.perf_counter()
@@ -220,6 +240,31 @@ def run_job(spec: JobSpec) -> JobResult:
     return result
 
 
+def _register(spec: JobSpec) -> Callable[[], int]:
+    """Register this job's process in ``spec.device``; returns what measures the other jobs
+    registered there (the sum of their resident sets; a job that has exited counts nothing)."""
+    from lightning_bandlimit.memory.process import resident_bytes
+
+    folder = Path(spec.device) / "processes"  # type: ignore[arg-type]
+    folder.mkdir(parents=True, exist_ok=True)
+    mine = folder / f"{spec.name}.pid"
+    atomic_write_json(mine, os.getpid())
+    atexit.register(mine.unlink, missing_ok=True)
+
+    def others() -> int:
+        total = 0
+        for path in folder.glob("*.pid"):
+            if path == mine:
+                continue
+            try:
+                total += resident_bytes(int(json.loads(path.read_text())))
+            except (OSError, ValueError):
+                continue  # gone, or being written
+        return total
+
+    return others
+
+
 def launch(spec: JobSpec, timeout: float | None = None) -> JobResult:
     """Run ``spec`` in a fresh process (see the module docstring) and return what it measured.
 
@@ -228,20 +273,49 @@ def launch(spec: JobSpec, timeout: float | None = None) -> JobResult:
     Raises:
         RuntimeError: if the job fails (the message ends with the log's tail).
     """
+    return launch_set([spec], timeout=timeout)[0]
+
+
+def launch_set(specs: list[JobSpec], stagger_s: float = 0.0, timeout: float | None = None) -> list[JobResult]:
+    """Run the jobs ``specs`` at once, each in its own process (as :func:`launch`), the ``k``-th
+    started ``k * stagger_s`` seconds after the first (several jobs on one device); returns
+    their results in order.
+
+    Raises:
+        RuntimeError: if a job fails (the message ends with its log's tail).
+        subprocess.TimeoutExpired: if a job runs past ``timeout`` seconds (all are stopped).
+    """
+    processes: list[subprocess.Popen] = []
+    try:
+        for k, spec in enumerate(specs):
+            if k:
+                time.sleep(stagger_s)
+            processes.append(_start(spec))
+        codes = [process.wait(timeout=timeout) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return [_result(spec, code) for spec, code in zip(specs, codes)]
+
+
+def _start(spec: JobSpec) -> subprocess.Popen:
     out = Path(spec.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     spec_path = out / "spec.json"
     atomic_write_json(spec_path, asdict(spec))
-    env = {**os.environ, **HOST_ALLOCATOR_ENV}
     with open(out / "job.log", "w") as log:
-        code = subprocess.run(
+        return subprocess.Popen(
             [sys.executable, "-m", "lightning_bandlimit.jobs.multitenant", str(spec_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=env,
-            timeout=timeout,
-            check=False,
-        ).returncode
+            env={**os.environ, **HOST_ALLOCATOR_ENV},
+        )
+
+
+def _result(spec: JobSpec, code: int) -> JobResult:
+    out = Path(spec.out_dir)
     if code != 0 or not (out / "result.json").is_file():
         tail = "\n".join((out / "job.log").read_text().splitlines()[-20:])
         raise RuntimeError(
