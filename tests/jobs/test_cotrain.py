@@ -1,0 +1,50 @@
+"""Two real training jobs on one budget, each in its own process (the several-jobs scenario's
+path: ``launch_set``, ``SharedBudget`` with peers, ``SharedDevice``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from lightning_bandlimit.jobs.multitenant import JobSpec, launch_set, over_budget
+from lightning_bandlimit.memory import RampTrace
+
+MIB = 2**20
+TINY = [
+    *("--trainer.max_epochs", "1"),
+    *("--data.train_size", "512"),
+    *("--data.batch_size", "32"),
+    *("--trainer.limit_val_batches", "1"),
+]
+
+
+@pytest.mark.slow
+def test_two_coordinated_jobs_measure_each_other_and_leave_the_ledger(tmp_path: Path) -> None:
+    device = tmp_path / "device"
+    specs = [
+        JobSpec(
+            f"job{k}",
+            "adaptive",
+            str(tmp_path / f"job{k}"),
+            asdict(RampTrace(low=0, high=0)),
+            overrides=TINY,
+            budget=4096 * MIB,  # roomy: the path, not the pressure, is under test here
+            min_free=64 * MIB,
+            release_free=128 * MIB,
+            device=str(device),
+            coordinate=True,
+            seed=k,
+        )
+        for k in range(2)
+    ]
+    results = launch_set(specs, stagger_s=0.0, timeout=240)
+    assert [r.name for r in results] == ["job0", "job1"]
+    for result in results:
+        assert len(result.timeline) == 16
+        seen = [r["peer_bytes"] for r in result.timeline]
+        assert max(seen) > 100 * MIB  # the other job's resident set (a torch process), measured
+        assert over_budget(result, 4096 * MIB) == 0
+    assert not list((device / "ledger").glob("*/*.json"))  # both left
+    assert not list((device / "processes").glob("*.pid"))
