@@ -38,9 +38,9 @@ _GIB = float(2**30)
 
 
 def offer(controller: LadderController, current: Setting) -> dict[str, object]:
-    """What a job publishes of its next move up from ``current``: whether it holds a lossy lever
-    now, whether an exact rung is left, and its next move's kind, predicted saving and measured
-    cost (:class:`~lightning_bandlimit.tenants.ledger.Tenant`'s fields).
+    """What a job publishes of itself at ``current``: its measured peak there, whether it holds a
+    lossy lever, whether an exact rung is left, and its next move's kind, predicted saving and
+    measured cost (:class:`~lightning_bandlimit.tenants.ledger.Tenant`'s fields).
 
     Example:
         >>> ladder = LadderController(rungs=2, min_free=100)
@@ -59,6 +59,7 @@ def offer(controller: LadderController, current: Setting) -> dict[str, object]:
         "next_cost": None,
     }
     now = controller.predict(current)
+    entry["memory"] = None if now is None else int(now)  # its measured peak there
     if entry["exact_left"]:
         upper = current.rung + 1
         measured = controller.rung_memory.points

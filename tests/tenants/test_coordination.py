@@ -176,6 +176,7 @@ def test_offer_names_the_next_move_and_what_it_frees() -> None:
     ladder.observe(FLOOR, 3000)
     hinted = offer(ladder, FLOOR)
     assert (hinted["exact_left"], hinted["next_lossy"], hinted["next_freed"]) == (True, False, 150.0)
+    assert hinted["memory"] == 3000  # its measured peak at the setting
     ladder.observe(Setting(1, 0.0), 2900)  # measured: rung 1 frees 100
     ladder.observe_time(0, 1.0)
     ladder.observe_time(1, 1.2)
