@@ -11,7 +11,8 @@ Per seed, first each job's **solo** run (plain, alone: its accuracy and peak), t
 jobs (``--jobs``) the rows:
 
 * **plain**: every job with plain ``nn.Conv2d``, no callback (what users run today).
-* **independent**: every job with today's ``AdaptiveBandLimit``, each reacting on its own.
+* **independent**: every job with today's ``AdaptiveBandLimit`` (both levers, from compression
+  0), each reacting on its own.
 * **coordinated**: the same with ``SharedDevice`` beside it: one ladder across the jobs
   (:mod:`lightning_bandlimit.tenants`).
 
@@ -131,7 +132,11 @@ def main() -> None:
                         budget=budget,
                         device=str(out / "device"),
                         coordinate=row == "coordinated",
-                        **({} if row == "plain" else {"min_free": min_free, "release_free": release_free}),
+                        **(
+                            {}
+                            if row == "plain"
+                            else {"compression": 0.0, "min_free": min_free, "release_free": release_free}
+                        ),
                     )
                     for k in range(n)
                 ]
