@@ -401,7 +401,12 @@ class FFTConvFunction(torch.autograd.Function):
 
 
 def compute_dtypes(input: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
-    """(dtype the frequency-domain math runs in, dtype of the result), as ``F.conv2d``."""
+    """(dtype the frequency-domain math runs in, dtype of the result), as ``F.conv2d``.
+
+    Example:
+        >>> compute_dtypes(torch.zeros(1, dtype=torch.bfloat16))  # math in float32, result as the input
+        (torch.float32, torch.bfloat16)
+    """
     compute = torch.float64 if input.dtype == torch.float64 else torch.float32
     return compute, conv_dtype(input)
 

@@ -200,6 +200,7 @@ def test_check_compression_returns_float():
         "lightning_bandlimit.functional.band",
         "lightning_bandlimit.functional.fft_conv",
         "lightning_bandlimit.functional.spectral_kernel",
+        "lightning_bandlimit.functional.spectrum_split",
         "lightning_bandlimit.functional.geometry",
         "lightning_bandlimit.functional.dft_plan",
     ],
