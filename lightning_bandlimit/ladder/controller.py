@@ -23,18 +23,21 @@ at the setting it ran with, with the same thresholds, hysteresis and cooldown as
 * **Pressure** (free below ``min_free``): the least lossy setting predicted to free the missing
   bytes (plus the *surprise*: how much more the job measured at the setting it changed to than
   it had predicted there; memory other jobs took while it held is the deficit, never surprise;
-  plus the *trend*: others' growth seen over each of the last two checks the job held its
-  setting, expected once more, so a sustained ramp is met ahead and a single jump is not
-  counted twice).
+  plus the *trend*: others' growth over each of the last two checks (the total less the free
+  bytes and the job's own measured peak, so it is seen while the job changes its setting too),
+  expected once more, so a sustained ramp is met ahead and a single jump is not counted twice).
   A rung's memory is what the job measured on it at the step's peak; a rung not visited yet is
   predicted conservatively, as freeing nothing over the measured rung below it, wherever the
   ladder relies on a prediction (to stop climbing, to compress, to release). Which unvisited
   rung to try first is hinted by the bytes its stages keep for backward (measured once,
-  :meth:`LadderController.set_stage_savings`): the least rung they say is enough, exact either
-  way, else the top rung at once (exact, and the most any rung frees). Beyond the top rung the
+  :meth:`LadderController.set_stage_savings`), discounted by what the last climb freed of its
+  stage's bytes, once more for each stage further up (returns diminish: the step's peak moves
+  away from the stages): the least rung they say is enough, exact either way, else the top
+  rung at once (exact, and the most any rung frees). Beyond the top rung the
   least compression its learned memory-versus-compression model predicts to fit, and only one
   predicted to need less than every smaller compression (a compression that costs memory is
-  never picked); with no model yet, on the top rung one ``raise_step`` more, on rung 0
+  never picked), and ``max_compression`` when the model says none is enough; with no model
+  yet, on the top rung one ``raise_step`` more, on rung 0
   ``max_compression`` (only a large compression is sure to free more than the top rung did),
   and after a raise measured not to lower memory ``max_compression`` at once (never a second
   step into the unknown while over budget), given back at the next release as far as the
@@ -144,6 +147,7 @@ class LadderController(LadderModel):
         self._since_change = cooldown_checks
         self._expected: tuple[Setting, float] | None = None  # a change's target and predicted peak
         self._last: tuple[Setting, float] | None = None  # the last check's setting and free bytes
+        self._last_others: float | None = None  # and others' memory then, when the job's was measured
         self._growth: list[float | None] = [None, None]  # others' growth over the last two checks
         self._held: list[float | None] = [None, None]  # the last two seen while the job held
 
@@ -168,7 +172,7 @@ class LadderController(LadderModel):
         high = threshold_bytes(self.release_free, reading.total)
         self._since_change += 1
         surprise = self.surprise(current)
-        trend = self._trend(current, reading.free)
+        trend = self._trend(current, reading)
         if reading.free < low:
             self._calm = 0
             deficit = (low - reading.free + surprise + trend) * (1 + self.margin)
@@ -187,17 +191,30 @@ class LadderController(LadderModel):
             return Decision(current.rung, current.compression, HOLD, reading.free, high)
         return self._change(self._release(current, reading.free - high), current, LOWER, reading.free, high)
 
-    def _trend(self, current: Setting, free: float) -> float:
-        """Others' growth expected by the next check: the smaller of their last two growths
-        seen while the job held its setting (a sustained ramp goes on), so ``0`` after a single
-        jump (a step: the co-tenant took what it takes) or a change of the job's own. The
-        smaller of the last two held growths before any such change is kept as ``ramp``."""
-        held = self._last is not None and self._last[0] == current
-        growth = self._last[1] - free if held else None  # type: ignore[index]
+    def _trend(self, current: Setting, reading: FreeMemory) -> float:
+        """Others' growth expected by the next check: the smaller of their last two growths (a
+        sustained ramp goes on), so ``0`` after a single jump (a step: the co-tenant took what it
+        takes). Others' memory is the total less the free bytes and the job's own peak measured
+        at ``current`` since the last decision, so their growth is seen while the job changes
+        its own setting too; without that measurement, only over a check the job held its
+        setting. The smaller of the last two growths seen is kept as ``ramp``."""
+        observed = self.last_peak
+        self.last_peak = None  # one measurement per decision
+        others = (
+            float(reading.total - reading.free - observed[1])
+            if observed is not None and observed[0] == current
+            else None
+        )
+        growth = None
+        if self._last is not None:
+            if others is not None and self._last_others is not None:
+                growth = others - self._last_others
+            elif self._last[0] == current:
+                growth = self._last[1] - reading.free
         self._growth = [self._growth[1], growth]
         if growth is not None:
             self._held = [self._held[1], growth]
-        self._last = (current, float(free))
+        self._last, self._last_others = (current, float(reading.free)), others
         if None in self._growth:
             return 0.0
         return max(0.0, min(self._growth))  # type: ignore[type-var]
@@ -236,6 +253,8 @@ class LadderController(LadderModel):
         fitting = None if now is None else self._least_compression(now - deficit, above)  # type: ignore[operator]
         if fitting is not None:
             return Setting(lossy, fitting)
+        if now is not None and self.compression_memory.predict(self.max_compression) is not None:
+            return safe_end  # the model predicts no compression frees enough: the most there is
         leaves = self.top > 0 or (deficit is None and current.rung > 0)  # a retry leaves any rung
         if exact and leaves and not self.continuum_on_top:
             # past the exact rungs to the continuum on rung 0, nothing known of it: only a large
@@ -290,6 +309,7 @@ class LadderController(LadderModel):
         self._calm = 0
         self._expected = None
         self._last, self._growth, self._held = None, [None, None], [None, None]
+        self._last_others = None
 
     def on_oom(self, current: Setting) -> Setting:
         """The setting to retry an out-of-memory step with: the escalation of a pressure whose
@@ -321,6 +341,7 @@ class LadderController(LadderModel):
             "since_change": self._since_change,
             "expected": _saved_value(self._expected),
             "last": _saved_value(self._last),
+            "last_others": self._last_others,
             "growth": list(self._growth),
             "held_growth": list(self._held),
         }
@@ -341,6 +362,8 @@ class LadderController(LadderModel):
         self._since_change = int(state.get("since_change", self.cooldown_checks))
         # (an older "expected_free" was a free-memory figure, not a prediction of the job's: dropped)
         self._expected, self._last = (_setting_value(state.get(key)) for key in ("expected", "last"))
+        others = state.get("last_others")
+        self._last_others = None if others is None else float(others)
         growth = state.get("growth") or [None, None]
         self._growth = [None if g is None else float(g) for g in growth]
         held = state.get("held_growth") or [None, None]

@@ -62,6 +62,7 @@ class LadderModel:
         self.continuum_on_top = False
         self.rung_seconds: dict[int, float] = {}  # step time per rung (moving average)
         self.stage_savings: list[float] | None = None  # bytes each stage frees when checkpointed
+        self.last_peak: tuple[Setting, float] | None = None  # the last observation, as measured
 
     def set_stage_savings(self, savings: list[float]) -> None:
         """Bytes each stage frees when checkpointed (stage 1 first), measured once by the caller.
@@ -110,6 +111,7 @@ class LadderModel:
         """The job's peak memory measured at ``setting``; returns a message when rungs leave the
         ladder for freeing nothing measured (see the module docstring)."""
         message = None
+        self.last_peak = (setting, float(peak_bytes))
         if setting.compression <= self.min_compression:
             self.rung_memory.observe(setting.rung, peak_bytes)
             message = self._drop_idle_rungs(setting.rung)
@@ -208,8 +210,10 @@ class LadderModel:
 
     def _hinted_saving(self, rung: int, now: float) -> float | None:
         """Which unvisited rung to try first: what its stages keep for backward over the
-        highest measured rung below it (a hint for the climb, exact either way; never a
-        prediction that the ladder relies on to stop climbing or to release)."""
+        highest measured rung below it, the ``k``-th stage up discounted by ``ratio ** k``
+        (``ratio``: what the last climb freed at the peak of its stage's bytes). A hint for the
+        climb, exact either way; never a prediction the ladder relies on to stop climbing or to
+        release."""
         measured = self.rung_memory.points
         below = [r for r in measured if r < rung]
         if not below or self.stage_savings is None:
@@ -222,7 +226,10 @@ class LadderModel:
             kept = self._saved(lower) - self._saved(previous)
             if kept > 0:
                 ratio = min(1.0, max(0.0, (measured[previous] - measured[lower]) / kept))
-        return now - measured[lower] + ratio * (self._saved(rung) - self._saved(lower))
+        # diminishing returns: each stage further up frees that fraction of what the one below
+        # it was hinted to (the step's peak moves away from the stages as more are checkpointed)
+        stages = self.stage_savings[lower:rung]
+        return now - measured[lower] + sum(ratio ** (k + 1) * kept for k, kept in enumerate(stages))
 
     def _least_compression(self, needs: float, candidates: Iterable[float]) -> float | None:
         """The first of ``candidates`` (on the lossy rung) predicted to need at most ``needs``
