@@ -196,15 +196,14 @@ class LadderController(LadderModel):
         sustained ramp goes on), so ``0`` after a single jump (a step: the co-tenant took what it
         takes). Others' memory is the total less the free bytes and the job's own peak measured
         at ``current`` since the last decision, so their growth is seen while the job changes
-        its own setting too; without that measurement, only over a check the job held its
-        setting. The smaller of the last two growths seen is kept as ``ramp``."""
+        its own setting too; without that measurement (or over budget, where a reading says 0
+        free however far over), only over a check the job held its setting. The smaller of the
+        last two growths seen is kept as ``ramp``."""
         observed = self.last_peak
         self.last_peak = None  # one measurement per decision
-        others = (
-            float(reading.total - reading.free - observed[1])
-            if observed is not None and observed[0] == current
-            else None
-        )
+        # over budget a reading says 0 free however far over: others' memory is not known then
+        measured = observed is not None and observed[0] == current and reading.free > 0
+        others = float(reading.total - reading.free - observed[1]) if measured else None  # type: ignore[index]
         growth = None
         if self._last is not None:
             if others is not None and self._last_others is not None:

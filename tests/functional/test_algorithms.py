@@ -9,7 +9,9 @@ from torch import nn
 
 from lightning_bandlimit.functional import fft_conv1d, fft_conv2d, spectral_band
 from lightning_bandlimit.functional.algorithm import choose_algorithm
+from lightning_bandlimit.functional.fft_conv import outgrows_input
 from lightning_bandlimit.functional.geometry import resolve_geometry
+from lightning_bandlimit.functional.spectrum_split import input_plan
 from lightning_bandlimit.layers.band_limited import BandLimitedConv2d
 from lightning_bandlimit.layers.surgery import unbandlimit
 from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
@@ -36,7 +38,7 @@ def test_spatial_equals_spectral_2d(case, memory_lean):
     weight = torch.randn(8, 4 // g, k, k, dtype=torch.float64, generator=gen, requires_grad=True)
     bias = torch.randn(8, dtype=torch.float64, generator=gen, requires_grad=True)
     outs = {}
-    for algorithm in ("spectral", "spatial", "auto"):
+    for algorithm, compression in (("spectral", c), ("spatial", c), ("auto", c), ("full", 0.0)):
         y = fft_conv2d(
             x * 1.0,
             weight,
@@ -46,15 +48,20 @@ def test_spatial_equals_spectral_2d(case, memory_lean):
             d,
             g,
             padding_mode=mode,
-            compression=c,
+            compression=compression,
             memory_lean=memory_lean,
-            algorithm=algorithm,
+            algorithm="spectral" if algorithm == "full" else algorithm,
         )
         grads = torch.autograd.grad(y, (x, weight, bias), torch.ones_like(y) + y.detach())
         outs[algorithm] = (y, *grads)
-    for algorithm in ("spatial", "auto"):
-        for a, b in zip(outs[algorithm], outs["spectral"]):
-            torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    for a, b in zip(outs["spatial"], outs["spectral"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    # "auto" computes the band, or the full band where the band would outgrow the input
+    outgrows = outgrows_input(input_plan(x, weight, bias, s, p, d, g, mode, c, 2), x)
+    # the 10 x 10 map (a 14 x 14 grid, 66 coefficients kept at 0.3) and the 4 x 4 one (6 x 6, 15)
+    assert outgrows == (case in (CASES_2D[2], CASES_2D[-1]))
+    for a, b in zip(outs["auto"], outs["full" if outgrows else "spectral"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 
 @pytest.mark.parametrize("memory_lean", [False, True])

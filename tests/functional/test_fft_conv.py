@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -175,6 +176,9 @@ def banded_reference(case: Case, x, w, b, compression: float):
     grid = tuple(xp.shape[-2:])
     assert grid == case.grid
     mask = band_mask(grid, compression)
+    samples = math.prod(batched.shape[2:])
+    if 2 * int(mask.sum()) > 1.1 * samples:  # documented: the band would outgrow the input
+        mask = torch.ones_like(mask)
 
     def limit(t):
         return torch.fft.irfft2(torch.fft.rfft2(t) * mask, s=grid)

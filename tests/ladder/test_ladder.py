@@ -834,3 +834,24 @@ def test_the_measured_deep_trace_never_overdraws(growth: int) -> None:
     assert min(frees) >= 0, [round(f / 1024, 1) for f in frees]
     assert max(s.compression for s in settings) > 0  # the exact rungs could not suffice
     assert settings[-1] == FLOOR  # everything given back after the co-tenant left
+
+
+def test_a_step_squeeze_that_overdraws_once_is_met_with_exact_rungs() -> None:
+    # the co-tenant drifts up a byte a check, then takes 1321 bytes at once: the jump's check is
+    # over budget by 240 (the reading says 0 free, not how far), rung 1 frees 300 and leaves 60
+    # free. Others' memory at the over-budget check is unknown, so no growth is inferred from it
+    # (before: the 240 bytes over counted as growth, a ramp, and the ladder compressed).
+    drift = [3900 + k for k in range(20)]
+    cotenant = drift + [drift[-1] + 1321] * 10
+    ladder = LadderController(rungs=4, min_free=200, release_free=400, margin=0.0)
+    ladder.set_stage_savings(SAVINGS)
+    memory = [5000 - sum(SAVINGS[:rung]) for rung in range(5)]
+
+    def job(setting: Setting) -> float:
+        return memory[setting.rung] - 1000 * setting.compression
+
+    settings, frees, _ = simulate_device(ladder, cotenant, job, TOTAL, FLOOR)
+    assert frees[20] < 0  # the jump's own check
+    assert all(f >= 0 for f in frees[21:]), frees
+    assert all(s.compression == 0 for s in settings), settings
+    assert max(s.rung for s in settings) >= 2
