@@ -25,10 +25,11 @@ import torch
 import torch.nn.functional as F
 
 from lightning_bandlimit.functional.band_projection import projection_plan_for
-from lightning_bandlimit.functional.fft_conv import auto_algorithm, auto_plan, band_limited_conv
+from lightning_bandlimit.functional.fft_conv import auto_algorithm, band_limited_conv
 from lightning_bandlimit.functional.lean.conv import conv_dtype
 from lightning_bandlimit.functional.spatial_conv import KEEP_COEFFICIENTS, SpatialConvFunction
 from lightning_bandlimit.functional.spectral_kernel import KEEP_SPECTRUM, FFTConvFunction, as_2d
+from lightning_bandlimit.functional.spectrum_split import input_plan
 
 __all__ = ["compiled_band_limited_conv", "warn_memory_lean_compiled"]
 
@@ -188,7 +189,7 @@ def _conv_backward_op(
         x, g = (x.unsqueeze(0), grad.unsqueeze(0)) if unbatched else (x, grad)
         g = g.to(x.dtype)
         pad = _padding(padding, padding_str)
-        plan = auto_plan(
+        plan = input_plan(
             x, w, b, stride, pad, dilation, groups, padding_mode, float(compression), spatial_dims, algorithm
         )
         geometry = plan.geometry

@@ -37,13 +37,17 @@ from lightning_bandlimit.functional.spectral_kernel import (
     compute_dtypes,
     itemsize,
 )
-from lightning_bandlimit.functional.spectrum_split import input_plan, spectrum_bytes
+from lightning_bandlimit.functional.spectrum_split import (
+    SPECTRUM_PER_SAMPLE,
+    input_plan,
+    outgrows_input,
+    spectrum_bytes,
+)
 from lightning_bandlimit.utils.validation import check_compression
 
 __all__ = [
     "SPECTRUM_PER_SAMPLE",
     "auto_algorithm",
-    "auto_plan",
     "band_limited_conv",
     "fft_conv1d",
     "fft_conv2d",
@@ -54,13 +58,6 @@ __all__ = [
 # A memory-lean layer whose kept input is at most this fraction of its output hands the output on
 # as "recompute me from my input" (a stem): the recompute costs a narrow convolution.
 _FROM_INPUT_RATIO = 4
-# ``algorithm="auto"`` keeps the full band (the convolution itself) where the kept spectrum would
-# hold more than this many numbers per input sample: a small grid at a small compression, where
-# the padded grid's band keeps nearly every coefficient. Band-limiting there costs transforms
-# and backward working memory and drops almost nothing: measured on the quickstart model
-# (batch 256), its 8x8 and 4x4 stages band-limited at compression 0.2 raised the step's peak by
-# 4 MiB and saved no byte for backward (``benchmarks/ladder_memory.py``).
-SPECTRUM_PER_SAMPLE = 1.1
 
 
 def band_limited_conv(
@@ -94,7 +91,7 @@ def band_limited_conv(
         raise TypeError(f"conv{spatial_dims}d: input must be a tensor, got {type(input).__name__}")
     unbatched = input.dim() == spatial_dims + 1
     batched = input.unsqueeze(0) if unbatched else input
-    plan = auto_plan(
+    plan = input_plan(
         batched,
         weight,
         bias,
@@ -188,46 +185,6 @@ def band_limited_conv(
     elif lean:
         publish(out, Saved(), ())  # a band-limited activation: the lean modules after it act
     return (out.squeeze(0) if unbatched else out), plan.band
-
-
-def auto_plan(
-    input: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    stride: IntOrTuple,
-    padding: IntOrTuple | str,
-    dilation: IntOrTuple,
-    groups: int,
-    padding_mode: str,
-    compression: float,
-    spatial_dims: int,
-    algorithm: str,
-) -> DFTPlan:
-    """The plan a batched ``input`` runs with: :func:`~.spectrum_split.input_plan`'s, or with
-    ``algorithm="auto"`` the full band's where that band would outgrow the input
-    (:func:`outgrows_input`)."""
-    args = (input, weight, bias, stride, padding, dilation, groups, padding_mode)
-    plan = input_plan(*args, compression, spatial_dims)
-    if algorithm == "auto" and outgrows_input(plan, input):
-        plan = input_plan(*args, 0.0, spatial_dims)
-    return plan
-
-
-def outgrows_input(plan: DFTPlan, input: torch.Tensor) -> bool:
-    """Whether ``plan``'s band, not the full one, keeps more than :data:`SPECTRUM_PER_SAMPLE`
-    numbers per sample of a batched ``input`` (where ``algorithm="auto"`` keeps the full band).
-
-    Example:
-        >>> from lightning_bandlimit.functional.spectrum_split import input_plan
-        >>> x, w = torch.randn(1, 1, 4, 4), torch.randn(1, 1, 3, 3)
-        >>> plan = input_plan(x, w, None, 1, 1, 1, 1, "zeros", 0.2, 2)  # a 6 x 6 grid for 16 samples
-        >>> outgrows_input(plan, x)
-        True
-    """
-    samples = 1
-    for size in input.shape[2:]:
-        samples *= size
-    return not plan.band.is_full and 2 * plan.band.kept > SPECTRUM_PER_SAMPLE * samples
 
 
 def _symmetric(geometry: ConvGeometry) -> bool:

@@ -8,11 +8,13 @@ input (:mod:`lightning_bandlimit.recompute.spectral`).
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.autograd.function import once_differentiable
 
 from lightning_bandlimit.functional.autocast import autocast_off
-from lightning_bandlimit.functional.band import quantised_band
+from lightning_bandlimit.functional.band import SpectralBand, quantised_band
 from lightning_bandlimit.functional.dft_plan import (
     DFTPlan,
     analysis,
@@ -38,7 +40,23 @@ from lightning_bandlimit.functional.spectral_kernel import (
     taps_of,
 )
 
-__all__ = ["analyse", "conv_from_spectrum", "input_plan", "spectrum_bytes"]
+__all__ = [
+    "SPECTRUM_PER_SAMPLE",
+    "analyse",
+    "conv_from_spectrum",
+    "input_plan",
+    "outgrows_input",
+    "spectrum_bytes",
+]
+
+
+# ``algorithm="auto"`` keeps the full band (the convolution itself) where the kept spectrum would
+# hold more than this many numbers per input sample: a small grid at a small compression, where
+# the padded grid's band keeps nearly every coefficient. Band-limiting there costs transforms
+# and backward working memory and drops almost nothing: measured on the quickstart model
+# (batch 256), its 8x8 and 4x4 stages band-limited at compression 0.2 raised the step's peak by
+# 4 MiB and saved no byte for backward (``benchmarks/ladder_memory.py``).
+SPECTRUM_PER_SAMPLE = 1.1
 
 
 def input_plan(
@@ -52,11 +70,14 @@ def input_plan(
     padding_mode: str,
     compression: float,
     spatial_dims: int,
+    algorithm: str = "spectral",
 ) -> DFTPlan:
     """The plan of the spectral algorithm for a batched ``input`` (arguments as :func:`fft_conv2d`).
 
-    The convolution's band is resolved here, once, and every algorithm reads it from the plan.
-    ``compression`` is trusted: its public caller checked it.
+    The convolution's band is resolved here, once, and every algorithm reads it from the plan:
+    ``compression``'s band, or with ``algorithm="auto"`` the full band where that band would
+    outgrow the input (:func:`outgrows_input`). ``compression`` is trusted: its public caller
+    checked it.
 
     Raises:
         ValueError: as :func:`fft_conv2d`, for the geometry.
@@ -65,7 +86,27 @@ def input_plan(
         input, weight, bias, stride, padding, dilation, groups, padding_mode, spatial_dims
     )
     band = quantised_band(geometry.grid, compression)
+    if algorithm == "auto" and _outgrows(band, input):
+        band = quantised_band(geometry.grid, 0.0)
     return dft_plan_for(geometry, band, compute_dtypes(input)[0], input.device)
+
+
+def outgrows_input(plan: DFTPlan, input: torch.Tensor) -> bool:
+    """Whether ``plan``'s band, not the full one, keeps more than :data:`SPECTRUM_PER_SAMPLE`
+    numbers per sample of a batched ``input`` (where ``algorithm="auto"`` keeps the full band).
+
+    Example:
+        >>> x, w = torch.randn(1, 1, 4, 4), torch.randn(1, 1, 3, 3)
+        >>> plan = input_plan(x, w, None, 1, 1, 1, 1, "zeros", 0.2, 2)  # a 6 x 6 grid for 16 samples
+        >>> auto = input_plan(x, w, None, 1, 1, 1, 1, "zeros", 0.2, 2, "auto")  # the full band
+        >>> outgrows_input(plan, x), outgrows_input(auto, x), auto.band.is_full
+        (True, False, True)
+    """
+    return _outgrows(plan.band, input)
+
+
+def _outgrows(band: SpectralBand, input: torch.Tensor) -> bool:
+    return not band.is_full and 2 * band.kept > SPECTRUM_PER_SAMPLE * math.prod(input.shape[2:])
 
 
 def spectrum_bytes(input: torch.Tensor, plan: DFTPlan) -> int:
