@@ -149,7 +149,7 @@ class LadderController(LadderModel):
         self._last: tuple[Setting, float] | None = None  # the last check's setting and free bytes
         self._last_others: float | None = None  # and others' memory then, when the job's was measured
         self._growth: list[float | None] = [None, None]  # others' growth over the last two checks
-        self._held: list[float | None] = [None, None]  # the last two seen while the job held
+        self._held: list[float | None] = [None, None]  # the last two growths seen (gaps skipped)
 
     def decide(self, reading: FreeMemory, current: Setting) -> Decision:
         """The setting for the next steps, given a reading taken at ``current``."""
