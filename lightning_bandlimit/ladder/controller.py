@@ -41,7 +41,12 @@ at the setting it ran with, with the same thresholds, hysteresis and cooldown as
   ``max_compression`` (only a large compression is sure to free more than the top rung did),
   and after a raise measured not to lower memory ``max_compression`` at once (never a second
   step into the unknown while over budget), given back at the next release as far as the
-  model then learned allows.
+  model then learned allows. No lossy change is made for a shortfall within the noise of the
+  job's own peak (:attr:`~LadderModel.peak_noise`: the most it moved between consecutive checks
+  at one setting, lately) while that much is still free: a host's resident set moves by about
+  a MiB between steps, and a compression would cost accuracy for a shortfall the measurement
+  cannot tell from none (the exact rungs still take any shortfall; a surprise counts only
+  beyond that noise too).
 * **Hold** between ``min_free`` and ``release_free``.
 * **Release** (``release_checks`` calm checks and a cooldown): the lossy part first (to the
   fastest exact rung predicted to keep ``release_free`` free, else to the least compression
@@ -161,11 +166,12 @@ class LadderController(LadderModel):
 
     def surprise(self, current: Setting) -> float:
         """How much more memory the job measured at ``current`` than it predicted there when it
-        changed to it (``0`` after a hold, or before the measurement)."""
+        changed to it, beyond the noise of its peak (:attr:`peak_noise`); ``0`` after a hold, or
+        before the measurement."""
         if self._expected is None or self._expected[0] != current:
             return 0.0
         measured = self.predict(current)
-        return 0.0 if measured is None else max(0.0, measured - self._expected[1])
+        return 0.0 if measured is None else max(0.0, measured - self._expected[1] - self.peak_noise)
 
     def _decide(self, reading: FreeMemory, current: Setting) -> Decision:
         low = threshold_bytes(self.min_free, reading.total)
@@ -175,12 +181,19 @@ class LadderController(LadderModel):
         trend = self._trend(current, reading)
         if reading.free < low:
             self._calm = 0
-            deficit = (low - reading.free + surprise + trend) * (1 + self.margin)
+            shortfall = low - reading.free + surprise + trend
             # others still growing would take the job over budget by the next check if the
             # change freed nothing: no try of a rung or compression whose memory is unknown
             ramp = 0.0 if None in self._held else max(0.0, min(self._held))  # type: ignore[type-var]
             sure = ramp > 0 and reading.free < ramp
-            return self._change(self._escalate(current, deficit, sure), current, RAISE, reading.free, low)
+            target = self._escalate(current, shortfall * (1 + self.margin), sure)
+            if target.compression > current.compression and shortfall <= self.peak_noise < reading.free:
+                # a shortfall within the noise of the job's own peak, and that noise still free:
+                # no lossy change for it (the exact rungs still take any shortfall)
+                target = Setting(min(current.rung, self.top), current.compression)
+                reason = LOWER if target.rung < current.rung else RAISE
+                return self._change(target, current, reason, reading.free, low)
+            return self._change(target, current, RAISE, reading.free, low)
         if current.rung > self.top:  # above a rung that left the ladder: the same memory, faster
             return self._change(Setting(self.top, current.compression), current, LOWER, reading.free, low)
         if reading.free < high:
@@ -343,6 +356,7 @@ class LadderController(LadderModel):
             "last_others": self._last_others,
             "growth": list(self._growth),
             "held_growth": list(self._held),
+            "peak_jitter": list(self.peak_jitter),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -367,6 +381,7 @@ class LadderController(LadderModel):
         self._growth = [None if g is None else float(g) for g in growth]
         held = state.get("held_growth") or [None, None]
         self._held = [None if g is None else float(g) for g in held]
+        self.peak_jitter = [float(j) for j in state.get("peak_jitter", [])]
         if saved_rungs != self.rungs:
             return
         self.top = min(int(state.get("top", self.rungs)), self.rungs)

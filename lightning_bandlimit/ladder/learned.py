@@ -17,6 +17,7 @@ from lightning_bandlimit.utils.validation import check_compression, check_int, c
 __all__ = ["LadderModel"]
 
 _GRID = 0.01  # compressions searched when jumping with the memory model
+_JITTER_CHECKS = 8  # consecutive measurements at one setting the peak's noise is taken over
 
 
 class LadderModel:
@@ -63,6 +64,8 @@ class LadderModel:
         self.rung_seconds: dict[int, float] = {}  # step time per rung (moving average)
         self.stage_savings: list[float] | None = None  # bytes each stage frees when checkpointed
         self.last_peak: tuple[Setting, float] | None = None  # the last observation, as measured
+        self._previous: tuple[Setting, float] | None = None  # the observation before this one
+        self.peak_jitter: list[float] = []  # |change| of the peak between checks at one setting
 
     def set_stage_savings(self, savings: list[float]) -> None:
         """Bytes each stage frees when checkpointed (stage 1 first), measured once by the caller.
@@ -111,13 +114,23 @@ class LadderModel:
         """The job's peak memory measured at ``setting``; returns a message when rungs leave the
         ladder for freeing nothing measured (see the module docstring)."""
         message = None
-        self.last_peak = (setting, float(peak_bytes))
+        if self._previous is not None and self._previous[0] == setting:
+            self.peak_jitter = [*self.peak_jitter, abs(float(peak_bytes) - self._previous[1])]
+            self.peak_jitter = self.peak_jitter[-_JITTER_CHECKS:]
+        self.last_peak = self._previous = (setting, float(peak_bytes))
         if setting.compression <= self.min_compression:
             self.rung_memory.observe(setting.rung, peak_bytes)
             message = self._drop_idle_rungs(setting.rung)
         if setting.rung == self.lossy_rung:
             self.compression_memory.observe(setting.compression, peak_bytes)
         return message
+
+    @property
+    def peak_noise(self) -> float:
+        """How much the job's peak moved between consecutive checks at one setting, at most, over
+        the last few such checks (``0`` until two were measured; on a GPU's caching allocator
+        usually ``0``, on a host's resident set about a MiB)."""
+        return max(self.peak_jitter, default=0.0)
 
     def _drop_idle_rungs(self, rung: int) -> str | None:
         """Judge each measured rung against the measured rung just below it (a jump over
