@@ -256,9 +256,7 @@ def fft_conv2d(
         compression: fraction of spectral coefficients to discard, in ``[0, 1)``.
         memory_lean: while gradients are recorded, keep for backward the smallest exact form of
             the input (the recipe an earlier lean op published for it, its kept spectrum, or the
-            input itself; the input itself when it needs no gradient, e.g. the batch a stem reads,
-            which the caller holds anyway, as ``F.conv2d`` would keep it), offer the output's
-            kept spectrum to a following lean BatchNorm
+            input itself), offer the output's kept spectrum to a following lean BatchNorm
             (:mod:`~lightning_bandlimit.functional.lean.ops`), and at a full band (e.g.
             ``compression=0``) run the native convolution, which is exact. The result and the
             gradients are the same either way (to round-off).

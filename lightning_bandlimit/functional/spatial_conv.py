@@ -6,9 +6,8 @@ Exact (to round-off) for the same band semantics as the frequency-domain algorit
 products per input channel, so it wins where the frequency-domain channel mixing does not pay:
 few input channels (a stem), strided layers, and maps so small that the kept spectrum is larger
 than the kernel. Saved for backward: the input's band coefficients (or, memory-lean, the smaller
-of its published recipe, its coefficients and itself, and itself where the caller holds it
-anyway: a checkpointed unit's input, an input that needs no gradient); the projected input is
-rebuilt in backward for the weight gradient.
+of its published recipe, its coefficients and itself); the projected input is rebuilt in
+backward for the weight gradient.
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ class SpatialConvFunction(torch.autograd.Function):
             source, kept = None, ()
         elif keep == KEEP_SMALLER and source is not None:
             kept = source_tensors
-        elif keep == KEEP_SMALLER and (input.nbytes <= z.nbytes or held(input) or not input.requires_grad):
+        elif keep == KEEP_SMALLER and (input.nbytes <= z.nbytes or held(input)):
             source, kept = Saved(), (input,)
         else:
             source, kept = None, (z,)

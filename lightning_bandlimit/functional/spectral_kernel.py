@@ -227,10 +227,7 @@ class FromInput(Source):
 
 # What a band-limited convolution keeps of its input for the weight gradient.
 KEEP_SPECTRUM = "spectrum"  # the kept input spectrum (always)
-# the input's published recipe if any, else spectrum or input, whichever is smaller; the input
-# itself where the caller holds it anyway (a checkpointed unit's input, or an input that needs no
-# gradient: the batch a stem reads), so a kept spectrum would be a second copy
-KEEP_SMALLER = "smaller"
+KEEP_SMALLER = "smaller"  # the input's published recipe if any, else spectrum or input, whichever is smaller
 # ``return_spectrum`` value: the second output is the kept input spectrum (empty if the input is kept)
 RETURN_KEPT_INPUT = "kept input"
 
@@ -316,11 +313,7 @@ class FFTConvFunction(torch.autograd.Function):
         x_spec_bytes = 2 * plan.band.kept * n * channels * w.element_size()
         if not ctx.needs_input_grad[1]:
             source = None
-        elif (
-            keep == KEEP_SMALLER
-            and source is None
-            and (input.nbytes <= x_spec_bytes or held(input) or not input.requires_grad)
-        ):
+        elif keep == KEEP_SMALLER and source is None and (input.nbytes <= x_spec_bytes or held(input)):
             source, source_tensors = Saved(), (input,)
         elif keep == KEEP_SPECTRUM or source is None:
             source = None
