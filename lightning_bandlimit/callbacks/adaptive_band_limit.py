@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import lightning.pytorch as pl
 import torch
@@ -46,6 +46,16 @@ LEVERS = ("checkpoint", "compression")
 CONTINUUM_RUNGS = ("auto", "top", "zero")
 
 __all__ = ["AdaptiveBandLimit"]
+
+
+class Coordinator(Protocol):
+    """What decides beside the ladder for other memory-aware jobs on the device (``SharedDevice``)."""
+
+    def peer_memory(self) -> float | None:
+        """The memory the other jobs published, bytes (``None``: not known for all of them)."""
+
+    def __call__(self, adaptive: AdaptiveBandLimit, trainer: pl.Trainer, decision: Decision) -> Decision:
+        """The check's decision after the shared rule."""
 
 
 class AdaptiveBandLimit(BandLimit):
@@ -219,7 +229,7 @@ class AdaptiveBandLimit(BandLimit):
         self._guarded: pl.LightningModule | None = None
         self._last_check = -1
         self._step_started: float | None = None
-        self.coordinator: Callable[[AdaptiveBandLimit, pl.Trainer, Decision], Decision] | None = None
+        self.coordinator: Coordinator | None = None
 
     @property
     def rung(self) -> int:
@@ -381,8 +391,10 @@ class AdaptiveBandLimit(BandLimit):
         reading, peak = read
         if trainer.world_size > 1:
             reading, peak = agree_across_ranks(trainer.strategy, self.controller, reading, peak, self._device)
-        decision = self._decide(reading, peak)
         if self.coordinator is not None:  # other memory-aware jobs on the device (SharedDevice)
+            self.controller.peer_memory = self.coordinator.peer_memory()
+        decision = self._decide(reading, peak)
+        if self.coordinator is not None:
             decision = self.coordinator(self, trainer, decision)
         self._apply(trainer, pl_module, decision, peak)
 

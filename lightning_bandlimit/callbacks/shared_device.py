@@ -79,6 +79,7 @@ class SharedDevice(Callback):
         self._adaptive: AdaptiveBandLimit | None = None
         self._changed_at = 0.0
         self._said: str | None = None
+        self._peers: list[Tenant] | None = None  # read for this check's decision
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -106,10 +107,21 @@ class SharedDevice(Callback):
         entry = offer(cb.controller, cb.setting if setting is None else setting)
         return self.ledger.publish(**entry, changed_at=self._changed_at)  # type: ignore[arg-type]
 
+    def peer_memory(self) -> float | None:
+        """The memory the live peers published (their measured peaks, bytes), read at a check
+        before the ladder decides: a peer's own change is not others' growth to the ladder.
+        ``None`` when a peer's is unknown; ``0`` with no peers."""
+        assert self.ledger is not None
+        self._peers = self.ledger.peers()
+        if any(p.memory is None for p in self._peers):
+            return None
+        return float(sum(p.memory for p in self._peers))  # type: ignore[misc]
+
     def __call__(self, adaptive: AdaptiveBandLimit, trainer: pl.Trainer, decision: Decision) -> Decision:
         """The check's decision after the shared rule (what ``AdaptiveBandLimit`` applies)."""
         assert self.ledger is not None
-        me, peers, now = self._publish(), self.ledger.peers(), time.time()
+        peers, self._peers = self._peers if self._peers is not None else self.ledger.peers(), None
+        me, now = self._publish(), time.time()
         why = None
         if self.coordinate:
             coordinated, why = self.rule.decide(decision, adaptive.setting, me, peers, now)

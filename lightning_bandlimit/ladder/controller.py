@@ -155,6 +155,10 @@ class LadderController(LadderModel):
         self._last_others: float | None = None  # and others' memory then, when the job's was measured
         self._growth: list[float | None] = [None, None]  # others' growth over the last two checks
         self._held: list[float | None] = [None, None]  # the last two growths seen (gaps skipped)
+        # the memory of other memory-aware jobs on the device that they published for this check
+        # (SharedDevice's ledger): their own changes are not others' growth
+        self.peer_memory: float | None = None
+        self._last_peers: float | None = None  # and theirs at the last check
 
     def decide(self, reading: FreeMemory, current: Setting) -> Decision:
         """The setting for the next steps, given a reading taken at ``current``."""
@@ -210,19 +214,29 @@ class LadderController(LadderModel):
         takes). Others' memory is the total less the free bytes and the job's own peak measured
         at ``current`` since the last decision, so their growth is seen while the job changes
         its own setting too; without that measurement (or over budget, where a reading says 0
-        free however far over), only over a check the job held its setting. The smaller of the
-        last two growths seen is kept as ``ramp``."""
+        free however far over), only over a check the job held its setting. The memory other
+        memory-aware jobs published (:attr:`peer_memory`) is not others': a peer's own change
+        (giving back a rung) is not a ramp to meet (growth is not read across a check where
+        that memory became known or unknown). The smaller of the last two growths seen is kept
+        as ``ramp``."""
         observed = self.last_peak
         self.last_peak = None  # one measurement per decision
         # over budget a reading says 0 free however far over: others' memory is not known then
         measured = observed is not None and observed[0] == current and reading.free > 0
-        others = float(reading.total - reading.free - observed[1]) if measured else None  # type: ignore[index]
+        peers = self.peer_memory
+        others = (
+            float(reading.total - reading.free - observed[1] - (peers or 0.0))  # type: ignore[index]
+            if measured
+            else None
+        )
         growth = None
-        if self._last is not None:
+        last_peers = self._last_peers
+        if self._last is not None and (peers is None) == (last_peers is None):  # else not comparable
             if others is not None and self._last_others is not None:
                 growth = others - self._last_others
             elif self._last[0] == current:
-                growth = self._last[1] - reading.free
+                growth = self._last[1] - reading.free - ((peers or 0.0) - (last_peers or 0.0))
+        self._last_peers = peers
         self._growth = [self._growth[1], growth]
         if growth is not None:
             self._held = [self._held[1], growth]
@@ -321,7 +335,7 @@ class LadderController(LadderModel):
         self._calm = 0
         self._expected = None
         self._last, self._growth, self._held = None, [None, None], [None, None]
-        self._last_others = None
+        self._last_others = self._last_peers = None
 
     def on_oom(self, current: Setting) -> Setting:
         """The setting to retry an out-of-memory step with: the escalation of a pressure whose
@@ -354,6 +368,7 @@ class LadderController(LadderModel):
             "expected": _saved_value(self._expected),
             "last": _saved_value(self._last),
             "last_others": self._last_others,
+            "last_peers": self._last_peers,
             "growth": list(self._growth),
             "held_growth": list(self._held),
             "peak_jitter": list(self.peak_jitter),
@@ -375,8 +390,9 @@ class LadderController(LadderModel):
         self._since_change = int(state.get("since_change", self.cooldown_checks))
         # (an older "expected_free" was a free-memory figure, not a prediction of the job's: dropped)
         self._expected, self._last = (_setting_value(state.get(key)) for key in ("expected", "last"))
-        others = state.get("last_others")
+        others, peers = state.get("last_others"), state.get("last_peers")
         self._last_others = None if others is None else float(others)
+        self._last_peers = None if peers is None else float(peers)
         growth = state.get("growth") or [None, None]
         self._growth = [None if g is None else float(g) for g in growth]
         held = state.get("held_growth") or [None, None]

@@ -82,3 +82,20 @@ def test_without_an_adaptive_callback_it_says_what_is_missing(tmp_path: Path) ->
     data = SyntheticImageDataModule(train_size=16, val_size=8, test_size=8, batch_size=16)
     with pytest.raises(ValueError, match="AdaptiveBandLimit"):
         trainer.fit(ImageClassifier("cifar_resnet18", width=4), data)
+
+
+def test_the_peers_published_memory_reaches_the_ladder_before_it_decides(tmp_path: Path) -> None:
+    # a peer's own change (giving back a rung) is not others' growth to the ladder: the memory
+    # the peers published is handed to the controller at every check, before it decides
+    folder = tmp_path / "ledger"
+    _peer(folder, memory=7 * M)
+    Ledger(folder, host_device(), job="another").publish(memory=5 * M)
+    shared = SharedDevice(folder, job="b-job")
+    adaptive = _fit(tmp_path / "a", shared)
+    assert adaptive.controller.peer_memory == 12 * M
+    assert adaptive.controller.state_dict()["last_peers"] == 12 * M
+    unknown = tmp_path / "unknown"
+    _peer(unknown, memory=None)
+    adaptive = _fit(tmp_path / "b", SharedDevice(unknown, job="b-job"))
+    assert adaptive.controller.peer_memory is None  # one peer's is unknown: none subtracted
+    assert _fit(tmp_path / "c", None).controller.peer_memory is None  # alone, no ledger

@@ -891,3 +891,26 @@ def test_a_shortfall_within_the_noise_of_the_jobs_own_peak_takes_no_lossy_change
     assert (max(s.compression for s in settings) > 0) == compresses, settings[20:]
     if not compresses:
         assert settings[-1] == Setting(2, 0.0)  # not left on a rung that frees nothing
+
+
+def test_a_peers_own_change_is_not_others_growth() -> None:
+    # two memory-aware jobs on one device: the peer gives back rungs, 400 bytes a check, and
+    # publishes its memory. Read as others' growth that was a ramp (the job would climb and try
+    # nothing untried); with the peer's published memory subtracted, others did not grow.
+    def run(publish: bool) -> LadderController:
+        ladder = _rung0()
+        for peer, free in [(3000, 3000), (3400, 2600), (3800, 2200)]:
+            ladder.peer_memory = float(peer) if publish else None
+            ladder.observe(FLOOR, 5000)
+            ladder.decide(_reading(free), FLOOR)
+        return ladder
+
+    assert run(publish=False).state_dict()["growth"] == [400.0, 400.0]
+    assert run(publish=True).state_dict()["growth"] == [0.0, 0.0]
+    # growth is not read across a check where the peers' memory became known
+    ladder = run(publish=False)
+    ladder.peer_memory = 3800.0
+    ladder.observe(FLOOR, 5000)
+    ladder.decide(_reading(1800), FLOOR)
+    assert ladder.state_dict()["growth"] == [400.0, None]
+    assert ladder.state_dict()["last_peers"] == 3800.0
