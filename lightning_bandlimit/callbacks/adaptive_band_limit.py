@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -13,6 +13,7 @@ from typing_extensions import override
 
 from lightning_bandlimit.callbacks.band_limit import BandLimit
 from lightning_bandlimit.callbacks.ladder_decisions import (
+    Coordinator,
     agree_across_ranks,
     decision_record,
     describe_change,
@@ -46,16 +47,6 @@ LEVERS = ("checkpoint", "compression")
 CONTINUUM_RUNGS = ("auto", "top", "zero")
 
 __all__ = ["AdaptiveBandLimit"]
-
-
-class Coordinator(Protocol):
-    """What decides beside the ladder for other memory-aware jobs on the device (``SharedDevice``)."""
-
-    def peer_memory(self) -> float | None:
-        """The memory the other jobs published, bytes (``None``: not known for all of them)."""
-
-    def __call__(self, adaptive: AdaptiveBandLimit, trainer: pl.Trainer, decision: Decision) -> Decision:
-        """The check's decision after the shared rule."""
 
 
 class AdaptiveBandLimit(BandLimit):
@@ -391,10 +382,8 @@ class AdaptiveBandLimit(BandLimit):
         reading, peak = read
         if trainer.world_size > 1:
             reading, peak = agree_across_ranks(trainer.strategy, self.controller, reading, peak, self._device)
-        if self.coordinator is not None:  # other memory-aware jobs on the device (SharedDevice)
-            self.controller.peer_memory = self.coordinator.peer_memory()
         decision = self._decide(reading, peak)
-        if self.coordinator is not None:
+        if self.coordinator is not None:  # other memory-aware jobs on the device (SharedDevice)
             decision = self.coordinator(self, trainer, decision)
         self._apply(trainer, pl_module, decision, peak)
 
@@ -411,10 +400,9 @@ class AdaptiveBandLimit(BandLimit):
 
     def _decide(self, reading: MemoryReading, peak: int | None) -> Decision:
         """What the job measured at its setting goes to the controller, which decides the next."""
-        if peak:
-            message = self.controller.observe(self.setting, float(peak))
-            if message is not None:
-                rank_zero_info(f"AdaptiveBandLimit: {message}")
+        if (message := self.controller.observe(self.setting, float(peak)) if peak else None) is not None:
+            rank_zero_info(f"AdaptiveBandLimit: {message}")
+        self.controller.peer_memory = None if self.coordinator is None else self.coordinator.peer_memory()
         return self.controller.decide(reading, self.setting)
 
     def _apply(

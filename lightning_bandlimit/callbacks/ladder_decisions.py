@@ -5,11 +5,12 @@
   controllers, fed the same, take the same decision on the same step.
 * Each decision (and each out-of-memory retry) is kept as a record (:func:`decision_record`) in
   the callback's ``decisions`` and logged (:func:`log_decision`).
+* What may decide beside the ladder (:class:`Coordinator`: other jobs on the device).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import lightning.pytorch as pl
 import torch
@@ -19,7 +20,26 @@ from lightning_bandlimit.ladder.reasons import REASON_CODES
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading
 
-__all__ = ["agree_across_ranks", "decision_record", "describe_change", "log_decision", "read_job"]
+__all__ = [
+    "Coordinator",
+    "agree_across_ranks",
+    "decision_record",
+    "describe_change",
+    "log_decision",
+    "read_job",
+]
+
+
+class Coordinator(Protocol):
+    """What decides beside a job's ladder for other memory-aware jobs on its device
+    (:class:`~lightning_bandlimit.callbacks.SharedDevice`)."""
+
+    def peer_memory(self) -> float | None:
+        """The memory the other jobs published, bytes (``None``: not known for all of them),
+        read before the ladder decides: their own changes are not others' growth."""
+
+    def __call__(self, adaptive: pl.Callback, trainer: pl.Trainer, decision: Decision) -> Decision:
+        """The check's decision (of ``adaptive``, the ``AdaptiveBandLimit``) after the shared rule."""
 
 
 def read_job(
