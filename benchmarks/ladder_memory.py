@@ -5,9 +5,9 @@ CIFAR ResNet-18 width 8; memory-lean band-limited layers, batch 256, SGD with mo
 on one synthetic batch (the normalisation inside the model matters: the stem then reads a
 temporary, not the batch the caller holds, so its kept spectrum is not a second copy); for each
 compression and each rung (the first ``r`` stages checkpointed, as ``AdaptiveBandLimit`` does)
-the growth of the resident set
-within a training step (peak minus the step's start, ``/proc``; the minimum of the last
-``--repeats - 1`` steps) and the bytes saved for backward (deterministic). Also the plain
+the growth of the resident set within a training step (peak minus the step's start, ``/proc``;
+the minimum of the last ``--repeats - 1`` steps) and the bytes saved for backward
+(deterministic). Also the plain
 ``nn.Conv2d`` model, with no unit and with every unit checkpointed, as the baseline a user
 would otherwise run. The process re-runs itself with ``MALLOC_MMAP_THRESHOLD_=131072`` (as the
 multi-tenant jobs do) so that freed tensors leave the resident set.

@@ -397,7 +397,8 @@ class LadderController(LadderModel):
         self._growth = [None if g is None else float(g) for g in growth]
         held = state.get("held_growth") or [None, None]
         self._held = [None if g is None else float(g) for g in held]
-        self.peak_jitter = [float(j) for j in state.get("peak_jitter", [])]
+        self.peak_jitter.clear()
+        self.peak_jitter.extend(float(j) for j in state.get("peak_jitter", []))
         if saved_rungs != self.rungs:
             return
         self.top = min(int(state.get("top", self.rungs)), self.rungs)

@@ -8,6 +8,7 @@ Python (no torch, no Lightning).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 
 from lightning_bandlimit.ladder.memory_model import MemoryModel
@@ -65,7 +66,8 @@ class LadderModel:
         self.stage_savings: list[float] | None = None  # bytes each stage frees when checkpointed
         self.last_peak: tuple[Setting, float] | None = None  # the last observation, as measured
         self._previous: tuple[Setting, float] | None = None  # the observation before this one
-        self.peak_jitter: list[float] = []  # |change| of the peak between checks at one setting
+        # |change| of the peak between consecutive checks at one setting, the last few
+        self.peak_jitter: deque[float] = deque(maxlen=_JITTER_CHECKS)
 
     def set_stage_savings(self, savings: list[float]) -> None:
         """Bytes each stage frees when checkpointed (stage 1 first), measured once by the caller.
@@ -115,8 +117,7 @@ class LadderModel:
         ladder for freeing nothing measured (see the module docstring)."""
         message = None
         if self._previous is not None and self._previous[0] == setting:
-            self.peak_jitter = [*self.peak_jitter, abs(float(peak_bytes) - self._previous[1])]
-            self.peak_jitter = self.peak_jitter[-_JITTER_CHECKS:]
+            self.peak_jitter.append(abs(float(peak_bytes) - self._previous[1]))
         self.last_peak = self._previous = (setting, float(peak_bytes))
         if setting.compression <= self.min_compression:
             self.rung_memory.observe(setting.rung, peak_bytes)
