@@ -29,8 +29,10 @@ the defaults; ``--jobs 2 --seeds 0`` about 8).
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -47,11 +49,38 @@ from lightning_bandlimit.jobs.multitenant import (
     over_budget,
 )
 from lightning_bandlimit.memory import RampTrace
+from lightning_bandlimit.memory.process import resident_bytes
 from lightning_bandlimit.utils.files import atomic_write_json
 
 MIB = 2**20
 ROWS = ("plain", "independent", "coordinated")
 NO_COTENANT = asdict(RampTrace(low=0, high=0))
+
+
+class HostSampler(threading.Thread):
+    """Samples the sum of the set's resident sets (the jobs registered in ``folder``) every
+    ``interval`` seconds: the host's combined peak, whatever the phases of the jobs' steps."""
+
+    def __init__(self, folder: Path, interval: float = 0.02) -> None:
+        super().__init__(daemon=True)
+        self.folder, self.interval = folder, interval
+        self.peak = 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval):
+            total = 0
+            for path in self.folder.glob("*.json"):
+                try:
+                    total += resident_bytes(int(json.loads(path.read_text())["pid"]))
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+            self.peak = max(self.peak, total)
+
+    def stop(self) -> int:
+        self._done.set()
+        self.join()
+        return self.peak
 
 
 def _changes(result: JobResult) -> int:
@@ -89,6 +118,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, nargs="+", default=[2, 3])
     parser.add_argument("--stagger", type=float, default=10.0, help="seconds between two jobs' starts")
     parser.add_argument("--below", type=float, default=0.5, help="budget shortfall, in one job's step memory")
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS))
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--train-size", type=int, default=8192)
     parser.add_argument("--batch-size", type=int, default=256)
@@ -121,7 +151,7 @@ def main() -> None:
                 sum(r.peak_job_bytes for r in solo[:n])
                 - args.below * statistics.fmean(r.step_increment_bytes for r in solo[:n])
             )
-            for row in ROWS:
+            for row in args.rows:
                 out = work / f"{n}jobs" / row
                 specs = [
                     spec(
@@ -141,7 +171,12 @@ def main() -> None:
                     for k in range(n)
                 ]
                 begin = time.perf_counter()
-                results = launch_set(specs, stagger_s=args.stagger)
+                sampler = HostSampler(out / "device" / "processes")
+                sampler.start()
+                try:
+                    results = launch_set(specs, stagger_s=args.stagger)
+                finally:
+                    host_peak = sampler.stop()
                 wall = time.perf_counter() - begin
                 walls = [r.wall_s for r in results]
                 record = {
@@ -158,6 +193,8 @@ def main() -> None:
                     "set_wall_s": wall,
                     "job_wall_s": walls,
                     "slowest_over_fastest": max(walls) / min(walls),
+                    "host_peak_mib": host_peak / MIB,
+                    "sum_of_job_peaks_mib": sum(r.peak_job_bytes for r in results) / MIB,
                 }
                 rows.append(record)
                 if seed == args.seeds[0]:
@@ -166,12 +203,14 @@ def main() -> None:
                     f"seed {seed}, {n} jobs, {row:>11}: over budget {record['over_budget_steps']:3d}, "
                     f"accuracy - solo {[f'{d:+.3f}' for d in record['accuracy_minus_solo']]}, "
                     f"changes {record['lever_changes']}, compressed steps {record['compressed_steps']}, "
-                    f"set wall {wall:.0f} s, slowest/fastest {record['slowest_over_fastest']:.2f}",
+                    f"set wall {wall:.0f} s, slowest/fastest {record['slowest_over_fastest']:.2f}, "
+                    f"host peak {record['host_peak_mib']:.0f} of {record['sum_of_job_peaks_mib']:.0f} MiB "
+                    f"summed job peaks (budget {budget / MIB:.0f})",
                     flush=True,
                 )
     summary = []
     for n in args.jobs:
-        for row in ROWS:
+        for row in args.rows:
             mine = [r for r in rows if r["jobs"] == n and r["row"] == row]
             summary.append(
                 {
@@ -185,6 +224,9 @@ def main() -> None:
                     ),
                     "mean_set_wall_s": statistics.fmean(r["set_wall_s"] for r in mine),
                     "worst_slowest_over_fastest": max(r["slowest_over_fastest"] for r in mine),
+                    "host_peak_over_summed_job_peaks": [
+                        r["host_peak_mib"] / r["sum_of_job_peaks_mib"] for r in mine
+                    ],
                 }
             )
     columns = ["jobs", "row", "over budget (per seed)", "worst acc - solo", "changes/job", "set wall s"]

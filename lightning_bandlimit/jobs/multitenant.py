@@ -30,7 +30,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from lightning_bandlimit.callbacks.shared_budget import over_budget_steps
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from lightning_bandlimit.callbacks.shared_budget import SharedBudget, over_budget_steps
 from lightning_bandlimit.memory.cotenant import RampTrace
 from lightning_bandlimit.utils.command_line import CommandLineError, debugging, exit_with_error
 from lightning_bandlimit.utils.files import atomic_write_json
@@ -76,8 +80,9 @@ class JobSpec:
         levers: ``adaptive``: the levers (``["checkpoint", "compression"]``, the ladder, by
             default; ``["compression"]``: compression only).
         device: a folder the training jobs of one budget share (several jobs on one device):
-            each registers its process there, and the others' resident sets count against the
-            budget as the co-tenant's does (``None``: the job is alone with its co-tenant).
+            each registers its process there, and the others count against the budget as the
+            co-tenant does, each at the larger of its resident set and its last step's peak (what
+            a GPU's caching allocator holds; ``None``: the job is alone with its co-tenant).
         coordinate: ``adaptive`` with ``device``: ``True`` adds a
             :class:`~lightning_bandlimit.callbacks.SharedDevice` (one ladder across the jobs);
             ``False`` leaves each job's ladder on its own (independent).
@@ -142,7 +147,7 @@ def run_job(spec: JobSpec) -> JobResult:
         CommandLineError: for overrides that do not parse or that the recipe's classes reject
             (a ``ValueError``; the message is the root cause, on one line).
     """
-    from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit, SharedBudget, StepTimer
+    from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit, StepTimer
     from lightning_bandlimit.jobs.cli import BandLimitCLI, recipe_path
     from lightning_bandlimit.recompute.stages import checkpoint, checkpoint_units
 
@@ -171,9 +176,11 @@ def run_job(spec: JobSpec) -> JobResult:
     recipe_bands = [cb for cb in trainer.callbacks if isinstance(cb, BandLimit)]
     template = recipe_bands[0] if recipe_bands else BandLimit()
     trainer.callbacks[:] = [cb for cb in trainer.callbacks if not isinstance(cb, BandLimit)]
-    peers = _register(spec) if spec.device is not None else None
+    peers, publish = _register(spec) if spec.device is not None else (None, None)
     shared = SharedBudget(spec.budget, RampTrace(**spec.trace), peers=peers)
     trainer.callbacks.insert(0, shared)
+    if publish is not None:
+        trainer.callbacks.append(_PublishStepPeak(shared, publish))
     selection = {"include": template.include, "exclude": template.exclude, "pointwise": template.pointwise}
     band: BandLimit | None = None
     compression = template.compression if spec.compression is None else spec.compression
@@ -240,29 +247,55 @@ def run_job(spec: JobSpec) -> JobResult:
     return result
 
 
-def _register(spec: JobSpec) -> Callable[[], int]:
-    """Register this job's process in ``spec.device``; returns what measures the other jobs
-    registered there (the sum of their resident sets; a job that has exited counts nothing)."""
+def _register(spec: JobSpec) -> tuple[Callable[[], int], Callable[[int], None]]:
+    """Register this job's process in ``spec.device``; returns ``(others, publish)``.
+
+    ``others()`` measures the other jobs registered there as a GPU would count them: each at the
+    larger of its resident set now and the peak of its last step (what a caching allocator keeps
+    reserved between steps, and what NVML's per-process memory reports), so another job's phase
+    within its step is not read as growth or release; a job that has exited counts nothing.
+    ``publish(peak)`` records this job's last step peak for the others.
+    """
     from lightning_bandlimit.memory.process import resident_bytes
 
     folder = Path(spec.device) / "processes"  # type: ignore[arg-type]
     folder.mkdir(parents=True, exist_ok=True)
-    mine = folder / f"{spec.name}.pid"
-    atomic_write_json(mine, os.getpid())
+    mine = folder / f"{spec.name}.json"
+    pid = os.getpid()
+
+    def publish(peak: int) -> None:
+        atomic_write_json(mine, {"pid": pid, "step_peak": int(peak)})
+
+    publish(0)
     atexit.register(mine.unlink, missing_ok=True)
 
     def others() -> int:
         total = 0
-        for path in folder.glob("*.pid"):
+        for path in folder.glob("*.json"):
             if path == mine:
                 continue
             try:
-                total += resident_bytes(int(json.loads(path.read_text())))
-            except (OSError, ValueError):
+                entry = json.loads(path.read_text())
+                total += max(resident_bytes(int(entry["pid"])), int(entry["step_peak"]))
+            except (OSError, ValueError, KeyError, TypeError):
                 continue  # gone, or being written
         return total
 
-    return others
+    return others, publish
+
+
+class _PublishStepPeak(Callback):
+    """After every training step, publish the job's step peak (``SharedBudget``'s) to its peers."""
+
+    def __init__(self, shared: SharedBudget, publish: Callable[[int], None]) -> None:
+        self.shared, self.publish = shared, publish
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self.shared.timeline:
+            self.publish(self.shared.timeline[-1]["job_bytes"])
 
 
 def launch(spec: JobSpec, timeout: float | None = None) -> JobResult:

@@ -47,4 +47,26 @@ def test_two_coordinated_jobs_measure_each_other_and_leave_the_ledger(tmp_path: 
         assert max(seen) > 100 * MIB  # the other job's resident set (a torch process), measured
         assert over_budget(result, 4096 * MIB) == 0
     assert not list((device / "ledger").glob("*/*.json"))  # both left
-    assert not list((device / "processes").glob("*.pid"))
+    assert not list((device / "processes").glob("*.json"))
+
+
+def test_a_peer_counts_at_the_larger_of_its_resident_set_and_its_last_step_peak(tmp_path: Path) -> None:
+    """What a GPU's caching allocator holds between steps, so a peer's phase is not growth."""
+    from lightning_bandlimit.jobs.multitenant import _register
+    from lightning_bandlimit.memory.process import resident_bytes
+
+    def spec(name: str) -> JobSpec:
+        return JobSpec(name, "plain", str(tmp_path / name), asdict(RampTrace(low=0, high=0)), device=str(tmp_path))
+
+    _, publish_a = _register(spec("a"))
+    others_b, publish_b = _register(spec("b"))
+    own = resident_bytes()  # both entries name this process: a's reading is this resident set
+    assert others_b() >= own - 64 * MIB
+    publish_a(own + 512 * MIB)  # a's last step peaked above its resident set now
+    assert others_b() == own + 512 * MIB
+    publish_b(10 * own)  # b's own entry is not its peer
+    assert others_b() == own + 512 * MIB
+    (tmp_path / "processes" / "c.json").write_text('{"pid": 999999999, "step_peak": 0}')  # gone
+    (tmp_path / "processes" / "d.json").write_text("{")  # being written
+    assert others_b() == own + 512 * MIB
+
