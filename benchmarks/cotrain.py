@@ -141,7 +141,16 @@ def main() -> None:
         seeds = [100 * seed + k for k in range(max(args.jobs))]
 
         def spec(name: str, mode: str, out: Path, job_seed: int, **kwargs: object) -> JobSpec:
-            return JobSpec(name, mode, str(out), NO_COTENANT, overrides=overrides, seed=job_seed, **kwargs)  # type: ignore[arg-type]
+            return JobSpec(
+                name,
+                mode,
+                str(out),
+                NO_COTENANT,
+                overrides=overrides,
+                seed=job_seed,
+                warm_data=True,
+                **kwargs,
+            )  # type: ignore[arg-type]
 
         solo = [launch(spec(f"solo{k}", "plain", work / f"solo{k}", s)) for k, s in enumerate(seeds)]
         print(f"seed {seed}: solo " + ", ".join(f"{r.val_accuracy:.3f}" for r in solo), flush=True)

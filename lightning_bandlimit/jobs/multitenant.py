@@ -87,6 +87,11 @@ class JobSpec:
             :class:`~lightning_bandlimit.callbacks.SharedDevice` (one ladder across the jobs);
             ``False`` leaves each job's ladder on its own (independent).
         seed: the training seed (``--seed_everything``; ``None``: the recipe's).
+        warm_data: load every training and validation example once before the first step (the
+            datamodule's ``train_set`` and ``val_set``): a dataset that caches what it loads
+            (the synthetic recipes') then holds it from the start, and the job's resident set
+            moves with its step as a GPU job's device memory does (a dataset lives in host
+            memory there), not with a cache filling through the first epoch.
 
     Raises:
         ValueError: for an unknown mode, or an adaptive job without budget and thresholds.
@@ -108,6 +113,7 @@ class JobSpec:
     device: str | None = None
     coordinate: bool = False
     seed: int | None = None
+    warm_data: bool = False
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
@@ -181,6 +187,8 @@ def run_job(spec: JobSpec) -> JobResult:
     trainer.callbacks.insert(0, shared)
     if publish is not None:
         trainer.callbacks.append(_PublishStepPeak(shared, publish))
+    if spec.warm_data:
+        trainer.callbacks.insert(0, _WarmData())
     selection = {"include": template.include, "exclude": template.exclude, "pointwise": template.pointwise}
     band: BandLimit | None = None
     compression = template.compression if spec.compression is None else spec.compression
@@ -282,6 +290,19 @@ def _register(spec: JobSpec) -> tuple[Callable[[], int], Callable[[int], None]]:
         return total
 
     return others, publish
+
+
+class _WarmData(Callback):
+    """Loads every example of the datamodule's training and validation sets once, at setup."""
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        module = trainer.datamodule
+        for name in ("train_set", "val_set"):
+            dataset = getattr(module, name, None)
+            if dataset is not None and stage == "fit":
+                for index in range(len(dataset)):
+                    dataset[index]
 
 
 class _PublishStepPeak(Callback):

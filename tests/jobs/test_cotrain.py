@@ -56,7 +56,8 @@ def test_a_peer_counts_at_the_larger_of_its_resident_set_and_its_last_step_peak(
     from lightning_bandlimit.memory.process import resident_bytes
 
     def spec(name: str) -> JobSpec:
-        return JobSpec(name, "plain", str(tmp_path / name), asdict(RampTrace(low=0, high=0)), device=str(tmp_path))
+        trace = asdict(RampTrace(low=0, high=0))
+        return JobSpec(name, "plain", str(tmp_path / name), trace, device=str(tmp_path))
 
     _, publish_a = _register(spec("a"))
     others_b, publish_b = _register(spec("b"))
@@ -70,3 +71,19 @@ def test_a_peer_counts_at_the_larger_of_its_resident_set_and_its_last_step_peak(
     (tmp_path / "processes" / "d.json").write_text("{")  # being written
     assert others_b() == own + 512 * MIB
 
+
+def test_warm_data_loads_every_training_and_validation_example_before_the_first_step() -> None:
+    """So a caching dataset's memory is there from the start, not filling through epoch 0."""
+    from types import SimpleNamespace
+
+    from lightning_bandlimit.data import SyntheticImageDataModule
+    from lightning_bandlimit.jobs.multitenant import _WarmData
+
+    data = SyntheticImageDataModule(train_size=12, val_size=5, test_size=3, batch_size=4)
+    data.setup("fit")
+    assert data.train_set._rendered is None  # nothing loaded yet
+    _WarmData().setup(SimpleNamespace(datamodule=data), None, "validate")  # type: ignore[arg-type]
+    assert data.train_set._rendered is None  # fit only
+    _WarmData().setup(SimpleNamespace(datamodule=data), None, "fit")  # type: ignore[arg-type]
+    assert bool(data.train_set._rendered.all()) and bool(data.val_set._rendered.all())
+    assert data.test_set._rendered is None
