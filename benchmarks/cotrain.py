@@ -5,10 +5,14 @@ its own training seed, in its own process; the jobs of a set start ``--stagger``
 and share one budget, smaller than the sum of their plain peaks: ``--below`` (0.5) of one job's
 step memory short. Each job measures its own resident memory and the others' in ``/proc`` every
 step (the CPU stand-in for a GPU's device-wide free memory), never modelled; the processes run
-with ``MALLOC_MMAP_THRESHOLD_=131072`` so that freed tensors leave the resident set.
+with ``MALLOC_MMAP_THRESHOLD_=131072`` so that freed tensors leave the resident set. As on a GPU,
+each job counts another at the larger of its resident set and its last step's peak (what a
+caching allocator keeps reserved between steps, and NVML's per-process memory reports), and every
+job loads its whole dataset before its first step (a GPU job's dataset is host memory, not device
+memory; the synthetic recipe's cache would otherwise grow the resident set through epoch 0).
 
 Per seed, first each job's **solo** run (plain, alone: its accuracy and peak), then for 2 and 3
-jobs (``--jobs``) the rows:
+jobs (``--jobs``) the rows (``--rows``):
 
 * **plain**: every job with plain ``nn.Conv2d``, no callback (what users run today).
 * **independent**: every job with today's ``AdaptiveBandLimit`` (both levers, from compression
@@ -19,11 +23,14 @@ jobs (``--jobs``) the rows:
 Columns: over-budget steps (all jobs; a job's step is over when its peak plus the others'
 memory at the step's start exceeds the budget), each job's accuracy minus its solo run, lever
 changes per job (oscillation), steps on a checkpointed rung and compressed, wall time of the set
-and the slowest job's over the fastest's (starvation). Writes ``benchmarks/results/<name>.json``
-and ``<name>.png`` (the first seed's timelines, one panel per row and set size).
+and the slowest job's over the fastest's (starvation), and the host's combined resident peak,
+sampled every 20 ms, over the sum of the jobs' own peaks (below 1: the jobs' step phases did not
+align; a GPU's caching allocators would hold the sum). Writes
+``benchmarks/results/<name>.json`` and ``<name>.png`` (the first seed's timelines, one panel per
+row and set size).
 
-Run: ``PYTHONPATH=. python benchmarks/cotrain.py`` (about 17 minutes a seed on 2 CPU cores with
-the defaults; ``--jobs 2 --seeds 0`` about 8).
+Run: ``PYTHONPATH=. python benchmarks/cotrain.py`` (on 2 CPU cores about 20 minutes a seed for
+``--jobs 2``, more with 3 jobs).
 """
 
 from __future__ import annotations

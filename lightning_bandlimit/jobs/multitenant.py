@@ -187,8 +187,6 @@ def run_job(spec: JobSpec) -> JobResult:
     trainer.callbacks.insert(0, shared)
     if publish is not None:
         trainer.callbacks.append(_PublishStepPeak(shared, publish))
-    if spec.warm_data:
-        trainer.callbacks.insert(0, _WarmData())
     selection = {"include": template.include, "exclude": template.exclude, "pointwise": template.pointwise}
     band: BandLimit | None = None
     compression = template.compression if spec.compression is None else spec.compression
@@ -216,6 +214,8 @@ def run_job(spec: JobSpec) -> JobResult:
         from lightning_bandlimit.callbacks import SharedDevice
 
         trainer.callbacks.append(SharedDevice(Path(spec.device) / "ledger", job=spec.name, dwell=DWELL_S))
+    if spec.warm_data:
+        trainer.callbacks.insert(0, _WarmData())
     timer = StepTimer()
     trainer.callbacks.append(timer)
     started = time.perf_counter()

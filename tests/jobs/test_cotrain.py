@@ -36,6 +36,7 @@ def test_two_coordinated_jobs_measure_each_other_and_leave_the_ledger(tmp_path: 
             device=str(device),
             coordinate=True,
             seed=k,
+            warm_data=True,
         )
         for k in range(2)
     ]
