@@ -38,7 +38,7 @@ from lightning_bandlimit.callbacks.shared_budget import SharedBudget, over_budge
 from lightning_bandlimit.memory.cotenant import RampTrace
 from lightning_bandlimit.utils.command_line import CommandLineError, debugging, exit_with_error
 from lightning_bandlimit.utils.files import atomic_write_json
-from lightning_bandlimit.utils.validation import check_choice, check_real
+from lightning_bandlimit.utils.validation import check_choice, check_int, check_real
 
 __all__ = [
     "JobResult",
@@ -92,9 +92,12 @@ class JobSpec:
             (the synthetic recipes') then holds it from the start, and the job's resident set
             moves with its step as a GPU job's device memory does (a dataset lives in host
             memory there), not with a cache filling through the first epoch.
+        threads: the job's CPU threads (``torch.set_num_threads``; ``None``: torch's default,
+            one per core): jobs that share a host's cores each take their share, not all of them.
 
     Raises:
-        ValueError: for an unknown mode, or an adaptive job without budget and thresholds.
+        ValueError: for an unknown mode, an adaptive job without budget and thresholds, or
+            ``threads`` below 1.
     """
 
     name: str
@@ -114,9 +117,12 @@ class JobSpec:
     coordinate: bool = False
     seed: int | None = None
     warm_data: bool = False
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
+        if self.threads is not None:
+            check_int("threads", self.threads, minimum=1)
         if self.mode == "adaptive" and None in (self.budget, self.min_free, self.release_free):
             raise ValueError("an adaptive job needs budget, min_free and release_free (bytes)")
         RampTrace(**self.trace)  # checks the trace before any work
@@ -158,6 +164,10 @@ def run_job(spec: JobSpec) -> JobResult:
     from lightning_bandlimit.recompute.stages import checkpoint, checkpoint_units
 
     out = Path(spec.out_dir)
+    if spec.threads is not None:
+        import torch
+
+        torch.set_num_threads(spec.threads)
     cli = BandLimitCLI(
         args=[
             "--config",
