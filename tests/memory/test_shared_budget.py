@@ -206,3 +206,6 @@ def test_job_spec_checks_its_mode_and_an_adaptive_job_needs_a_budget() -> None:
         JobSpec("x", "adaptive", "out", trace)
     with pytest.raises(ValueError, match="low <= high"):
         JobSpec("x", "plain", "out", {"low": 2, "high": 1})
+    with pytest.raises(ValueError, match="threads"):
+        JobSpec("x", "plain", "out", trace, threads=0)
+    assert JobSpec("x", "plain", "out", trace, threads=1).threads == 1
