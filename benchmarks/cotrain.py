@@ -33,8 +33,8 @@ align; a GPU's caching allocators would hold the sum). Writes
 ``benchmarks/results/<name>.json`` and ``<name>.png`` (the first seed's timelines, one panel per
 row and set size).
 
-Run: ``PYTHONPATH=. python benchmarks/cotrain.py`` (on 2 CPU cores about 20 minutes a seed for
-``--jobs 2``, more with 3 jobs).
+Run: ``PYTHONPATH=. python benchmarks/cotrain.py`` (on 2 CPU cores about 20 minutes a seed with
+the defaults, 2 and 3 jobs; ``--jobs 2 --seeds 0 --rows coordinated`` about 6).
 """
 
 from __future__ import annotations
