@@ -17,6 +17,7 @@ from lightning_bandlimit.callbacks.ladder_decisions import (
     agree_across_ranks,
     decision_record,
     describe_change,
+    held_bytes,
     log_decision,
     read_job,
 )
@@ -27,11 +28,7 @@ from lightning_bandlimit.callbacks.ladder_stages import (
     failed_trials,
     find_stages,
 )
-from lightning_bandlimit.callbacks.out_of_memory import (
-    free_memory,
-    guard_fit,
-    unguard_training_step,
-)
+from lightning_bandlimit.callbacks.out_of_memory import free_memory, guard_fit, unguard_training_step
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.reasons import OOM
 from lightning_bandlimit.ladder.setting import Decision, Setting
@@ -289,7 +286,9 @@ class AdaptiveBandLimit(BandLimit):
         if self._stages is not None and self._stages.stages is None:
             # The first step runs every unit plainly and measures them: stages and bytes freed.
             self._step_started = None  # a profiling step's time is not a rung's
-            self._profiling = Profiling.start(self._stages, pl_module.parameters())
+            held = held_bytes(self.probe, self._device) if self.coordinator is not None else 0
+            top = self.coordinator is not None and self.coordinator.arrive(trainer, held)  # beside peers
+            self._profiling = Profiling.start(self._stages, pl_module.parameters(), checkpointed=top)
             return
         # global_step counts optimizer steps: this batch ends at global_step + 1.
         if self.probe is None or self.probe.measures_own or not self._is_check_step(trainer.global_step + 1):
@@ -338,11 +337,12 @@ class AdaptiveBandLimit(BandLimit):
                 self.controller.observe(Setting(0, self.compression), float(peak))
                 self._job_peak = None
             self.rung = min(rung, len(stages))  # the restored rung (a resumed or a second fit)
-        else:  # measured with every unit checkpointed, after an out-of-memory error: on the top rung
+        else:  # measured with every unit checkpointed (beside peers, or after out of memory): the top rung
             self.controller.set_rungs(len(stages))
             self.rung = len(stages)
-            assert profiling.oom_step is not None
-            self._record_oom(profiling.oom_step)
+            if profiling.oom_step is not None:
+                self._record_oom(profiling.oom_step)
+            self._job_peak = None if failed else self._job_peak  # measured with units off the ladder
             savings = None
         on_top = self.controller.lossy and (
             self.continuum_rung == "top" or (self.continuum_rung == "auto" and self._stages.keep_spectrum())

@@ -25,6 +25,7 @@ __all__ = [
     "agree_across_ranks",
     "decision_record",
     "describe_change",
+    "held_bytes",
     "log_decision",
     "read_job",
 ]
@@ -40,6 +41,22 @@ class Coordinator(Protocol):
 
     def __call__(self, adaptive: pl.Callback, trainer: pl.Trainer, decision: Decision) -> Decision:
         """The check's decision (of ``adaptive``, the ``AdaptiveBandLimit``) after the shared rule."""
+
+    def arrive(self, trainer: pl.Trainer, held: int) -> bool:
+        """Before the job's first step (which measures it): announce it, holding ``held`` bytes,
+        and wait a bounded time for the jobs already there to make room; whether that step
+        should run on the top rung (beside peers) rather than on rung 0."""
+
+
+def held_bytes(probe: MemoryProbe | None, device: torch.device | None) -> int:
+    """What the job holds now, in the unit of the peak :func:`read_job` reads: the probe's
+    measurement of the job when it has one, else ``torch.cuda.memory_allocated`` on a GPU, else
+    ``0`` (the metered peak is the step's saved bytes alone)."""
+    if probe is not None and probe.measures_own:
+        return int(probe.read().own or 0)
+    if device is not None and device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    return 0
 
 
 def read_job(

@@ -63,8 +63,9 @@ class Profiling:
 
     Attributes:
         profile: the units' profile, recording until :meth:`close`.
-        checkpointed: measured with every unit checkpointed (after an out-of-memory error): the
-            stages are known, what each frees is not.
+        checkpointed: measured with every unit checkpointed (on the top rung: beside peers that
+            share the device, or after an out-of-memory error): the stages are known, what each
+            frees is not.
         oom_step: the step whose first attempt ran out of memory (recorded once the retry
             measured the stages).
     """
@@ -76,16 +77,21 @@ class Profiling:
 
     @classmethod
     def start(
-        cls, stages: CheckpointStages, exclude: Any, record: int = 4, oom_step: int | None = None
+        cls,
+        stages: CheckpointStages,
+        exclude: Any,
+        record: int = 4,
+        oom_step: int | None = None,
+        checkpointed: bool = False,
     ) -> Profiling:
         """Open a profile of the next forward, keeping ``record`` samples of each unit's input to
-        try it on (every unit checkpointed, nothing kept, after an out-of-memory error)."""
-        checkpointed = oom_step is not None
-        if checkpointed:  # stages only: no samples to try, no bytes to meter
+        try it on; with ``checkpointed`` every unit runs checkpointed (after an out-of-memory
+        error, ``oom_step``, nothing is kept or metered)."""
+        if oom_step is not None:  # stages only: no samples to try, no bytes to meter
             profile = stages.profile(checkpointed=True)
         else:
-            profile = stages.profile(exclude=exclude, record=record)
-        return cls(profile.__enter__(), checkpointed=checkpointed, oom_step=oom_step)
+            profile = stages.profile(exclude=exclude, checkpointed=checkpointed, record=record)
+        return cls(profile.__enter__(), checkpointed=checkpointed or oom_step is not None, oom_step=oom_step)
 
     def close(self) -> int | None:
         """Stop recording (before backward); returns the job's peak it measured, if it measured one."""
@@ -93,7 +99,7 @@ class Profiling:
             return None
         self.profile.__exit__(None, None, None)
         self.recording = False
-        return None if self.checkpointed else self.profile.meter.bytes
+        return None if self.oom_step is not None else self.profile.meter.bytes
 
 
 def failed_trials(

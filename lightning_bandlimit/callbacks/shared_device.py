@@ -9,11 +9,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_bandlimit.callbacks.adaptive_band_limit import AdaptiveBandLimit
-from lightning_bandlimit.ladder.reasons import LOWER, RAISE
+from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.tenants.coordination import Coordination, offer
 from lightning_bandlimit.tenants.ledger import Ledger, Tenant, host_device
@@ -37,6 +37,12 @@ class SharedDevice(Callback):
     tenant without it is a co-tenant as before. The entries are grouped by device: a GPU's UUID
     (``torch.cuda.get_device_properties``), or the host on CPU.
 
+    A job arriving beside coordinating peers announces itself before its first step (which
+    measures it), waits up to ``arrival_timeout`` seconds for each peer's check to make room for
+    it (exact rungs only, as much as the largest memory a job there measured, less what the
+    newcomer holds already), and runs that step on its top rung; while it arrives, no peer gives
+    anything back. Under DDP (one entry per rank) a job does not announce its arrival.
+
     Each hold is kept in :attr:`holds` (step, the decision held, why) and said once per reason.
     With ``coordinate=False`` the job only publishes its entry (its process id lets CPU jobs
     measure each other's memory) and decides alone, as today.
@@ -48,9 +54,11 @@ class SharedDevice(Callback):
         dwell: seconds after a peer's change during which a job holds.
         patience: checks a job holds in a row under pressure before it moves anyway.
         timeout: seconds after which a silent peer is taken for dead.
+        arrival_timeout: the most seconds an arriving job waits for its peers to make room.
 
     Raises:
-        ValueError: for a negative ``dwell``, a ``patience`` below 1 or a non-positive ``timeout``;
+        ValueError: for a negative ``dwell`` or ``arrival_timeout``, a ``patience`` below 1 or a
+            non-positive ``timeout``;
             in ``setup``, if the trainer has no :class:`AdaptiveBandLimit`.
 
     Example:
@@ -68,11 +76,13 @@ class SharedDevice(Callback):
         dwell: float = 0.0,
         patience: int = 3,
         timeout: float = 120.0,
+        arrival_timeout: float = 30.0,
     ) -> None:
         super().__init__()
         self.folder, self.job = Path(folder), job
         self.coordinate = check_bool("coordinate", coordinate)
         self.timeout = check_real("timeout", timeout, minimum=0, min_open=True)
+        self.arrival_timeout = check_real("arrival_timeout", arrival_timeout, minimum=0)
         self.rule = Coordination(dwell=dwell, patience=patience)
         self.ledger: Ledger | None = None
         self.holds: list[dict[str, Any]] = []
@@ -80,6 +90,8 @@ class SharedDevice(Callback):
         self._changed_at = 0.0
         self._said: str | None = None
         self._peers: list[Tenant] | None = None  # read for this check's decision
+        self._held: int | None = None  # bytes held while arriving (None: not arriving)
+        self._room_for: tuple[str, ...] = ()  # arrivals the last check made or found room for
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -105,7 +117,38 @@ class SharedDevice(Callback):
         assert self.ledger is not None and self._adaptive is not None
         cb = self._adaptive
         entry = offer(cb.controller, cb.setting if setting is None else setting)
-        return self.ledger.publish(**entry, changed_at=self._changed_at)  # type: ignore[arg-type]
+        arriving = {"arriving": self._held is not None, "held": self._held, "room_for": self._room_for}
+        return self.ledger.publish(  # type: ignore[arg-type]
+            **entry, **arriving, coordinates=self.coordinate, changed_at=self._changed_at
+        )
+
+    def arrive(self, trainer: pl.Trainer, held: int) -> bool:
+        """Announce the job (holding ``held`` bytes) to its coordinating peers before its first
+        step, and wait up to ``arrival_timeout`` seconds for each measured peer to confirm room;
+        ``True`` (run that step on the top rung) when there are such peers."""
+        assert self.ledger is not None
+        if not self.coordinate or trainer.world_size > 1:
+            return False
+        if not any(p.coordinates for p in self.ledger.peers()):
+            return False
+        self._held = held
+        self._publish()
+        deadline = time.monotonic() + self.arrival_timeout
+        while True:
+            waiting = [
+                p.job
+                for p in self.ledger.peers()
+                if p.coordinates and not p.arriving and p.memory is not None and self.ledger.job not in p.room_for
+            ]
+            if not waiting:
+                return True
+            if time.monotonic() >= deadline:
+                rank_zero_warn(
+                    f"SharedDevice: {', '.join(waiting)} made no room within {self.arrival_timeout:g} s "
+                    "of the job's arrival; it starts anyway, on its top rung"
+                )
+                return True
+            time.sleep(0.05)
 
     def peer_memory(self) -> float | None:
         """The memory the live peers published (their measured peaks, bytes), read at a check
@@ -121,23 +164,37 @@ class SharedDevice(Callback):
         """The check's decision after the shared rule (what ``AdaptiveBandLimit`` applies)."""
         assert self.ledger is not None
         peers, self._peers = self._peers if self._peers is not None else self.ledger.peers(), None
+        self._held = None  # measured now: arrived
         me, now = self._publish(), time.time()
         why = None
         if self.coordinate:
-            coordinated, why = self.rule.decide(decision, adaptive.setting, me, peers, now)
+            arrivals = trainer.world_size == 1 and any(p.arriving for p in peers) and decision.reason != RAISE
+            if arrivals:
+                coordinated, self._room_for, why = self.rule.arrivals(
+                    decision, adaptive.setting, me, peers, now, adaptive.controller
+                )
+                if coordinated.setting != adaptive.setting:
+                    adaptive.controller.notify_change()  # a change the ladder did not decide
+            else:
+                self._room_for = ()
+                coordinated, why = self.rule.decide(decision, adaptive.setting, me, peers, now)
             if trainer.world_size > 1 and decision.reason in (RAISE, LOWER):
                 # every rank applies the same: a raise if any rank raises, a release if all do
                 held = trainer.strategy.reduce_boolean_decision(why is not None, all=decision.reason == RAISE)
                 coordinated = coordinated if held else decision
                 why = why if held else None
             if why is not None:
-                self.holds.append({"step": trainer.global_step, "held": decision.reason, "why": why})
+                said = why
+                if coordinated.setting == adaptive.setting and decision.reason != HOLD:
+                    self.holds.append({"step": trainer.global_step, "held": decision.reason, "why": why})
+                    said = f"{decision.reason} held: {why}"
                 if why != self._said:
-                    rank_zero_info(f"SharedDevice: step {trainer.global_step}: {decision.reason} held: {why}")
+                    rank_zero_info(f"SharedDevice: step {trainer.global_step}: {said}")
                 self._said = why
             decision = coordinated
         if decision.setting != adaptive.setting:  # peers see the change (and dwell) at once
             self._changed_at = now
+        if decision.setting != adaptive.setting or self._room_for != me.room_for:
             self._publish(decision.setting)
         return decision
 
@@ -147,6 +204,10 @@ class SharedDevice(Callback):
     ) -> None:
         last = self.ledger.last if self.ledger is not None else None
         if last is None or self._adaptive is None:
+            return
+        if self._held is not None:  # the first step ran (and no check read it): arrived
+            self._held = None
+            self._publish()
             return
         if last.setting_differs(self._adaptive.setting) or time.time() - last.heartbeat > self.timeout / 4:
             self._publish()  # a change no check decided (an out-of-memory retry), or the heartbeat

@@ -328,6 +328,22 @@ class LadderController(LadderModel):
             return current  # predicted not to fit: hold
         return Setting(current.rung - 1, current.compression)  # not visited yet: one rung, to learn it
 
+    def make_room(self, current: Setting, deficit: float) -> Setting:
+        """The least exact rung above ``current`` predicted (measured, else hinted) to free
+        ``deficit`` bytes, else the top rung; never a compression (``current`` when no exact
+        rung is left): room for memory not measured yet, such as another job's arrival.
+
+        Example:
+            >>> ladder = LadderController(rungs=2, min_free=100)
+            >>> ladder.set_stage_savings([300.0, 100.0]); ladder.observe(Setting(0, 0.0), 1000)
+            >>> ladder.make_room(Setting(0, 0.0), 200.0), ladder.make_room(Setting(0, 0.0), 5000.0)
+            (Setting(rung=1, compression=0.0), Setting(rung=2, compression=0.0))
+        """
+        if current.compression > self.min_compression or current.rung >= self.top:
+            return current
+        target = self._escalate(current, deficit)
+        return target if target.compression <= self.min_compression else Setting(self.top, current.compression)
+
     def notify_change(self) -> None:
         """Restart the cooldown after a change this controller did not decide (another rank's,
         an out-of-memory retry): its last prediction no longer holds."""

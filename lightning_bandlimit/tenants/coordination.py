@@ -18,6 +18,14 @@ waits for an answer from another):
   ``patience`` checks held in a row it moves whatever the others offer (but an exact rung is not
   given back while a peer compresses).
 
+* **Room for an arrival.** A job's memory is unknown until its first step has run; an arriving
+  job announces itself (with the bytes it already holds) and runs that step on its top rung.
+  While a peer arrives, a job gives nothing back, and it makes room for the peer
+  (:meth:`Coordination.arrivals`): as much as the largest memory any job there measured, less
+  what the newcomer holds already (jobs sharing a device are often runs of one sweep), by exact
+  rungs only (never a compression for memory not measured yet), the cheapest job first by the
+  same rule. The newcomer starts once each peer's check has made or found that room.
+
 A job with no peers is let through unchanged, as is every hold: alone, a job behaves exactly as
 without the ledger.
 """
@@ -140,6 +148,55 @@ class Coordination:
             lossy = ", ".join(p.job for p in peers if p.lossy)
             return f"{lossy} still compress: lossy levers are given back first, across jobs", True
         return _release_held(me, peers), False
+
+    def arrivals(
+        self,
+        decision: Decision,
+        current: Setting,
+        me: Tenant,
+        peers: Sequence[Tenant],
+        now: float,
+        controller: LadderController,
+    ) -> tuple[Decision, tuple[str, ...], str | None]:
+        """``decision`` while peers arrive (``Tenant.arriving``), the arrivals this check made or
+        found room for, and why it changed (``None``: not changed). A raise of the job's own
+        goes through :meth:`decide` instead (returned unchanged, no room confirmed).
+
+        Example:
+            >>> ladder = LadderController(rungs=2, min_free=100)
+            >>> ladder.set_stage_savings([300.0, 100.0]); ladder.observe(Setting(0, 0.0), 1000)
+            >>> me = Tenant("a", 1, 0.0, memory=1000)
+            >>> newcomer = Tenant("b", 2, 0.0, arriving=True, held=600)  # 400 more like a's
+            >>> calm = Decision(0, 0.0, "hold", free=350, threshold=100)  # 150 short of that
+            >>> decision, room_for, why = Coordination().arrivals(calm, Setting(0, 0.0), me, [newcomer], 1.0, ladder)
+            >>> decision.setting, room_for
+            (Setting(rung=1, compression=0.0), ('b',))
+        """
+        arriving = [p for p in peers if p.arriving]
+        names = tuple(p.job for p in arriving)
+        if not arriving or decision.reason == RAISE:
+            return decision, (), None
+        hold = Decision(current.rung, current.compression, HOLD, decision.free, decision.threshold)
+        kept = hold if decision.reason == LOWER else decision  # nothing given back while a peer arrives
+        known = [float(p.memory) for p in peers if p.memory is not None and not p.arriving]
+        known += [*controller.rung_memory.points.values(), *controller.compression_memory.points.values()]
+        if not known:
+            return kept, names, None  # nothing measured here: no estimate to make room for
+        need = sum(max(0.0, max(known) - (p.held or 0)) for p in arriving)
+        deficit = need + decision.threshold - decision.free
+        who = ", ".join(names)
+        if deficit <= 0:
+            return kept, names, None if kept is decision else f"{who} arrives: nothing given back"
+        recent = [p.job for p in peers if now - p.changed_at < self.dwell]
+        if recent:  # their change is not in the readings yet: no room confirmed
+            return kept, (), f"{', '.join(recent)} changed within {self.dwell:g} s: not in the readings yet"
+        short = Decision(current.rung, current.compression, RAISE, decision.free, int(decision.threshold + need))
+        cheaper = _raise_held(short, me, [p for p in peers if not p.arriving])
+        target = controller.make_room(current, deficit * (1 + controller.margin))
+        if cheaper is not None or target == current:
+            return kept, names, cheaper or f"{who} arrives: no exact rung left to make room"
+        why = f"making room for {who}: {deficit / 2**20:.1f} MiB, as much as a job here measured"
+        return Decision(target.rung, target.compression, RAISE, decision.free, decision.threshold), names, why
 
     def state_dict(self) -> dict[str, int]:
         return {"held": self.held}

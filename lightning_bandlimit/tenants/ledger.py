@@ -48,6 +48,10 @@ class Tenant:
         next_lossy: whether that move is lossy (a compression; ``None``: no move left).
         next_cost: its measured slowdown per GiB freed (``None``: unknown).
         memory: its own measured memory, bytes (``None``: unknown).
+        coordinates: whether it applies the shared rule (a job that only publishes does not).
+        arriving: whether it is about to run its first step (its memory not measured yet).
+        held: bytes it holds while arriving, before its first step.
+        room_for: the arriving jobs its last check made room for (or found room for).
     """
 
     job: str
@@ -62,6 +66,10 @@ class Tenant:
     next_lossy: bool | None = None
     next_cost: float | None = None
     memory: int | None = None
+    coordinates: bool = False
+    arriving: bool = False
+    held: int | None = None
+    room_for: tuple[str, ...] = ()
 
     def setting_differs(self, setting: Any) -> bool:
         """Whether ``setting`` (a ladder :class:`~lightning_bandlimit.ladder.Setting`) is not this entry's."""
@@ -75,7 +83,10 @@ class Tenant:
             TypeError: if a required field is missing.
         """
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in value.items() if k in names})
+        entry = {k: v for k, v in value.items() if k in names}
+        if "room_for" in entry:
+            entry["room_for"] = tuple(entry["room_for"] or ())
+        return cls(**entry)
 
 
 def host_device() -> str:
