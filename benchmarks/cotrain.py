@@ -40,7 +40,6 @@ the defaults, 2 and 3 jobs; ``--jobs 2 --seeds 0 --rows coordinated`` about 6).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -59,9 +58,9 @@ from lightning_bandlimit.jobs.multitenant import (
     launch,
     launch_set,
     over_budget,
+    registered_memory,
 )
 from lightning_bandlimit.memory import RampTrace
-from lightning_bandlimit.memory.process import resident_bytes
 from lightning_bandlimit.utils.files import atomic_write_json
 
 MIB = 2**20
@@ -81,12 +80,7 @@ class HostSampler(threading.Thread):
 
     def run(self) -> None:
         while not self._done.wait(self.interval):
-            total = 0
-            for path in self.folder.glob("*.json"):
-                try:
-                    total += resident_bytes(int(json.loads(path.read_text())["pid"]))
-                except (OSError, ValueError, KeyError, TypeError):
-                    continue
+            total = sum(resident for resident, _ in registered_memory(self.folder))
             self.peak = max(self.peak, total)
 
     def stop(self) -> int:

@@ -138,7 +138,10 @@ class SharedDevice(Callback):
             waiting = [
                 p.job
                 for p in self.ledger.peers()
-                if p.coordinates and not p.arriving and p.memory is not None and self.ledger.job not in p.room_for
+                if p.coordinates
+                and not p.arriving
+                and p.memory is not None
+                and self.ledger.job not in p.room_for
             ]
             if not waiting:
                 return True

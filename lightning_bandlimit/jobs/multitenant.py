@@ -274,8 +274,6 @@ def _register(spec: JobSpec) -> tuple[Callable[[], int], Callable[[int], None]]:
     within its step is not read as growth or release; a job that has exited counts nothing.
     ``publish(peak)`` records this job's last step peak for the others.
     """
-    from lightning_bandlimit.memory.process import resident_bytes
-
     folder = Path(spec.device) / "processes"  # type: ignore[arg-type]
     folder.mkdir(parents=True, exist_ok=True)
     mine = folder / f"{spec.name}.json"
@@ -288,18 +286,26 @@ def _register(spec: JobSpec) -> tuple[Callable[[], int], Callable[[int], None]]:
     atexit.register(mine.unlink, missing_ok=True)
 
     def others() -> int:
-        total = 0
-        for path in folder.glob("*.json"):
-            if path == mine:
-                continue
-            try:
-                entry = json.loads(path.read_text())
-                total += max(resident_bytes(int(entry["pid"])), int(entry["step_peak"]))
-            except (OSError, ValueError, KeyError, TypeError):
-                continue  # gone, or being written
-        return total
+        return sum(max(resident, peak) for resident, peak in registered_memory(folder, skip=mine))
 
     return others, publish
+
+
+def registered_memory(folder: Path, skip: Path | None = None) -> list[tuple[int, int]]:
+    """``(resident set now, last step peak)`` of each job process registered in ``folder`` but
+    ``skip``'s; an exited process or a half-written entry is left out."""
+    from lightning_bandlimit.memory.process import resident_bytes
+
+    found = []
+    for path in folder.glob("*.json"):
+        if path == skip:
+            continue
+        try:
+            entry = json.loads(path.read_text())
+            found.append((resident_bytes(int(entry["pid"])), int(entry["step_peak"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # gone, or being written
+    return found
 
 
 class _WarmData(Callback):
@@ -307,10 +313,9 @@ class _WarmData(Callback):
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        module = trainer.datamodule
-        for name in ("train_set", "val_set"):
-            dataset = getattr(module, name, None)
-            if dataset is not None and stage == "fit":
+        for name in ("train_set", "val_set") if stage == "fit" else ():
+            dataset = getattr(trainer.datamodule, name, None)
+            if dataset is not None:
                 for index in range(len(dataset)):
                     dataset[index]
 

@@ -342,7 +342,9 @@ class LadderController(LadderModel):
         if current.compression > self.min_compression or current.rung >= self.top:
             return current
         target = self._escalate(current, deficit)
-        return target if target.compression <= self.min_compression else Setting(self.top, current.compression)
+        return (
+            target if target.compression <= self.min_compression else Setting(self.top, current.compression)
+        )
 
     def notify_change(self) -> None:
         """Restart the cooldown after a change this controller did not decide (another rank's,

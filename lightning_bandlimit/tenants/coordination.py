@@ -168,7 +168,8 @@ class Coordination:
             >>> me = Tenant("a", 1, 0.0, memory=1000)
             >>> newcomer = Tenant("b", 2, 0.0, arriving=True, held=600)  # 400 more like a's
             >>> calm = Decision(0, 0.0, "hold", free=350, threshold=100)  # 150 short of that
-            >>> decision, room_for, why = Coordination().arrivals(calm, Setting(0, 0.0), me, [newcomer], 1.0, ladder)
+            >>> rule = Coordination()
+            >>> decision, room_for, why = rule.arrivals(calm, Setting(0, 0.0), me, [newcomer], 1.0, ladder)
             >>> decision.setting, room_for
             (Setting(rung=1, compression=0.0), ('b',))
         """
@@ -190,7 +191,9 @@ class Coordination:
         recent = [p.job for p in peers if now - p.changed_at < self.dwell]
         if recent:  # their change is not in the readings yet: no room confirmed
             return kept, (), f"{', '.join(recent)} changed within {self.dwell:g} s: not in the readings yet"
-        short = Decision(current.rung, current.compression, RAISE, decision.free, int(decision.threshold + need))
+        short = Decision(
+            current.rung, current.compression, RAISE, decision.free, int(decision.threshold + need)
+        )
         cheaper = _raise_held(short, me, [p for p in peers if not p.arriving])
         target = controller.make_room(current, deficit * (1 + controller.margin))
         if cheaper is not None or target == current:

@@ -3,16 +3,21 @@ tenants share (peers are entries other jobs wrote in the ledger folder)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer
+from lightning.pytorch.callbacks import Callback
 
 from lightning_bandlimit.callbacks import AdaptiveBandLimit, SharedDevice
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.memory import ScriptedProbe
 from lightning_bandlimit.models import ImageClassifier
-from lightning_bandlimit.tenants import Ledger
+from lightning_bandlimit.recompute.stages import is_checkpointed
+from lightning_bandlimit.tenants import Ledger, Tenant
 from lightning_bandlimit.tenants.ledger import host_device
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -99,3 +104,87 @@ def test_the_peers_published_memory_reaches_the_ladder_before_it_decides(tmp_pat
     adaptive = _fit(tmp_path / "b", SharedDevice(unknown, job="b-job"))
     assert adaptive.controller.peer_memory is None  # one peer's is unknown: none subtracted
     assert _fit(tmp_path / "c", None).controller.peer_memory is None  # alone, no ledger
+
+
+class _Steps(Callback):
+    """Records the checkpointed units at each step's start (after the callbacks before it)."""
+
+    def __init__(self) -> None:
+        self.checkpointed: list[int] = []
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.checkpointed.append(sum(is_checkpointed(m) for m in pl_module.modules()))
+
+
+def _arrive(tmp_path: Path, shared: SharedDevice) -> tuple[AdaptiveBandLimit, _Steps]:
+    adaptive = AdaptiveBandLimit(probe=ScriptedProbe(free=[80 * M] * 4, total=TOTAL), **SCRIPTED_ADAPTIVE)
+    steps = _Steps()
+    trainer = cpu_trainer(
+        [adaptive, shared, steps], default_root_dir=tmp_path, max_steps=4, limit_val_batches=0
+    )
+    data = SyntheticImageDataModule(train_size=64, val_size=8, test_size=8, batch_size=16)
+    trainer.fit(ImageClassifier("cifar_resnet18", width=4), data)
+    return adaptive, steps
+
+
+def test_an_arriving_job_announces_itself_waits_for_room_and_measures_on_its_top_rung(tmp_path: Path) -> None:
+    folder = tmp_path / "ledger"
+    incumbent = Ledger(folder, host_device(), job="a-peer")
+    incumbent.publish(memory=50 * M, coordinates=True)
+    seen: list[Tenant] = []
+
+    def make_room() -> None:  # the incumbent's check, a moment later: it sees the arrival, confirms room
+        while not any(p.arriving for p in incumbent.peers()):
+            time.sleep(0.01)
+        seen.extend(incumbent.peers())
+        time.sleep(0.3)
+        incumbent.publish(memory=50 * M, coordinates=True, room_for=("b-job",))
+
+    helper = threading.Thread(target=make_room)
+    helper.start()
+    began = time.monotonic()
+    adaptive, steps = _arrive(tmp_path / "a", SharedDevice(folder, job="b-job"))
+    helper.join()
+    assert seen[0].held is not None and seen[0].memory is None  # announced with what it holds
+    assert time.monotonic() - began > 0.3  # it waited for the room
+    assert steps.checkpointed[0] == 8 and adaptive.decisions[0]["rung"] == 4  # measured on its top rung
+    assert adaptive.controller.stage_savings is None  # (on the top rung what each stage frees is unseen)
+    alone, plain = _arrive(tmp_path / "b", SharedDevice(tmp_path / "alone", job="b-job"))
+    assert plain.checkpointed[0] == 0 and alone.decisions[0]["rung"] == 0  # alone: on rung 0, as before
+
+
+def test_an_arrival_no_peer_makes_room_for_starts_after_the_timeout_with_one_warning(tmp_path: Path) -> None:
+    folder = tmp_path / "ledger"
+    _peer(folder, memory=50 * M, coordinates=True)  # never confirms
+    began = time.monotonic()
+    with pytest.warns(UserWarning, match="a-peer made no room within 0.5 s") as record:
+        _, steps = _arrive(tmp_path, SharedDevice(folder, job="b-job", arrival_timeout=0.5))
+    assert time.monotonic() - began > 0.5 and steps.checkpointed[0] == 8
+    assert sum("made no room" in str(w.message) for w in record) == 1
+    _peer(tmp_path / "other", memory=50 * M)  # a peer that only publishes: not waited for
+    _, steps = _arrive(tmp_path / "b", SharedDevice(tmp_path / "other", job="b-job", arrival_timeout=60))
+    assert steps.checkpointed[0] == 0
+
+
+def test_a_job_makes_room_for_an_arriving_peer_and_gives_nothing_back_meanwhile(tmp_path: Path) -> None:
+    folder = tmp_path / "ledger"
+    shared = SharedDevice(folder, job="b-job")
+    frees = [80 * M] * 3 + [21 * M] * 2 + [80 * M] * 6  # a peer holding 1 MB arrives at step 3
+    adaptive = AdaptiveBandLimit(probe=ScriptedProbe(free=frees, total=TOTAL), **SCRIPTED_ADAPTIVE)
+    seen: list[tuple[str, ...]] = []  # the job's published room_for at each step's start
+
+    class Arrive(Callback):
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            if trainer.global_step == 3:
+                _peer(folder, arriving=True, held=1 * M, coordinates=True)
+            seen.extend(
+                p.room_for for p in Ledger(folder, host_device(), job="x").peers() if p.job == "b-job"
+            )
+
+    trainer = cpu_trainer([Arrive(), adaptive, shared], default_root_dir=tmp_path, max_steps=len(frees))
+    data = SyntheticImageDataModule(train_size=64, val_size=8, test_size=8, batch_size=16)
+    trainer.fit(ImageClassifier("cifar_resnet18", width=4), data)
+    after = [d for d in adaptive.decisions if d["step"] > 3]
+    assert after[0]["rung"] > 0 and all(d["compression"] == 0 for d in after)  # room by exact rungs
+    assert all(d["rung"] >= after[0]["rung"] for d in after)  # nothing given back while it arrives
+    assert all(room == ("a-peer",) for room in seen[4:])  # and it said so, at every check

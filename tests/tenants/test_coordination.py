@@ -193,3 +193,65 @@ def test_offer_names_the_next_move_and_what_it_frees() -> None:
 def test_bad_rule_arguments(kwargs: dict, error: type) -> None:
     with pytest.raises(error):
         Coordination(**kwargs)
+
+
+def _arrival(tmp_path: Path, coordinate: bool) -> tuple[Setting, tuple[str, ...], int]:
+    """A job at rung 0 alone on a device of 5650 bytes; a newcomer holding 1000 (its memory at
+    rung 0 is 3000, as the job's) announces itself. Returns the job's setting after its check,
+    the arrivals it confirmed room for, and the free memory during the newcomer's first step
+    (on its top rung when coordinated, else on rung 0)."""
+    total = 5650
+    ladder = _ladder()
+    ladder.observe(FLOOR, _memory(FLOOR))
+    job, newcomer = Ledger(tmp_path, "gpu-0", job="a"), Ledger(tmp_path, "gpu-0", job="b")
+    newcomer.publish(arriving=True, held=1000, coordinates=True)
+    decision = ladder.decide(MemoryReading(total, total - 3000 - 1000, "scripted"), FLOOR)
+    room: tuple[str, ...] = ()
+    if coordinate:
+        me = job.publish(**offer(ladder, FLOOR), coordinates=True)
+        decision, room, _ = Coordination().arrivals(decision, FLOOR, me, job.peers(), 1.0, ladder)
+    first = Setting(2, 0.0) if coordinate else FLOOR
+    return decision.setting, room, int(total - _memory(decision.setting) - _memory(first))
+
+
+def test_an_arrival_finds_room_made_by_exact_rungs_before_its_first_step(tmp_path: Path) -> None:
+    setting, room, free = _arrival(tmp_path / "a", coordinate=True)
+    assert setting.compression == 0 and setting.rung > 0 and room == ("b",)
+    assert free >= 0
+    setting, room, free = _arrival(tmp_path / "b", coordinate=False)
+    assert setting == FLOOR and free < 0  # unannounced, the newcomer's first step overdraws
+
+
+def test_while_a_peer_arrives_nothing_is_given_back_nor_compressed() -> None:
+    rule, ladder = Coordination(), _ladder()
+    ladder.observe(FLOOR, 3000)
+    newcomer = _tenant("b", arriving=True, held=2900)  # 100 more than it holds: room enough
+    release = Decision(0, 0.0, "lower", free=900, threshold=400)
+    held, room, why = rule.arrivals(release, Setting(1, 0.0), _tenant("a"), [newcomer], 0.0, ladder)
+    assert held.setting == Setting(1, 0.0) and room == ("b",) and "b arrives" in why
+    # on its top rung with nothing exact left: room is not made by compressing
+    ladder.observe(Setting(2, 0.0), 2700)
+    calm = Decision(2, 0.0, "hold", free=300, threshold=200)
+    stays, room, _ = rule.arrivals(
+        calm, Setting(2, 0.0), _tenant("a"), [_tenant("b", arriving=True)], 0.0, ladder
+    )
+    assert stays == calm and room == ("b",)
+    # its own raise goes through the rule as before, no room confirmed
+    assert rule.arrivals(RAISE, FLOOR, _tenant("a"), [newcomer], 0.0, ladder) == (RAISE, (), None)
+    assert rule.arrivals(release, FLOOR, _tenant("a"), [_tenant("b")], 0.0, ladder) == (release, (), None)
+
+
+def test_room_for_an_arrival_is_left_to_a_cheaper_peer_and_waits_for_a_recent_change() -> None:
+    rule, ladder = Coordination(dwell=5.0), _ladder()
+    ladder.observe(FLOOR, 3000)
+    newcomer = _tenant("c", arriving=True, held=2900)
+    calm = Decision(0, 0.0, "hold", free=250, threshold=200)  # 50 short of the newcomer's 100
+    me = _tenant("b", **EXACT_OFFER, next_cost=0.2)
+    cheaper = _tenant("a", **EXACT_OFFER, next_cost=0.1)
+    held, room, why = rule.arrivals(calm, FLOOR, me, [cheaper, newcomer], 100.0, ladder)
+    assert held == calm and room == ("c",) and "a" in why  # a's move covers it: b confirms
+    moved, room, _ = rule.arrivals(calm, FLOOR, me, [newcomer], 100.0, ladder)
+    assert moved.setting.rung > 0 and moved.setting.compression == 0 and room == ("c",)
+    recent = _tenant("a", changed_at=98.0)
+    waits, room, why = rule.arrivals(calm, FLOOR, me, [recent, newcomer], 100.0, ladder)
+    assert waits == calm and room == () and "within" in why  # not in the readings yet: no room confirmed

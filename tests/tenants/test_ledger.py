@@ -62,7 +62,16 @@ def test_unreadable_and_foreign_entries_are_ignored(tmp_path: Path) -> None:
 
 def test_an_entry_is_written_whole_and_round_trips(tmp_path: Path) -> None:
     a = Ledger(tmp_path, "GPU-1234/x", job="my job")
-    written = a.publish(rung=1, compression=0.2, lossy=True, next_freed=5.0, next_lossy=True)
+    written = a.publish(
+        rung=1,
+        compression=0.2,
+        lossy=True,
+        next_freed=5.0,
+        next_lossy=True,
+        arriving=True,
+        held=7,
+        room_for=("b",),
+    )
     assert written.job == "my_job" and a.path.parent.name == "GPU-1234_x"
     assert Tenant.from_dict(json.loads(a.path.read_text())) == written
     assert [p.name for p in a.folder.iterdir()] == ["my_job.json"]  # no temporary file left
