@@ -24,7 +24,8 @@ waits for an answer from another):
   (:meth:`Coordination.arrivals`): as much as the largest memory any job there measured, less
   what the newcomer holds already (jobs sharing a device are often runs of one sweep), by exact
   rungs only (never a compression for memory not measured yet), the cheapest job first by the
-  same rule. The newcomer starts once each peer's check has made or found that room.
+  same rule. The newcomer starts once each peer's check has found that room (room made by a
+  move is confirmed at the check after a step measured it).
 
 A job with no peers is let through unchanged, as is every hold: alone, a job behaves exactly as
 without the ledger.
@@ -158,9 +159,11 @@ class Coordination:
         now: float,
         controller: LadderController,
     ) -> tuple[Decision, tuple[str, ...], str | None]:
-        """``decision`` while peers arrive (``Tenant.arriving``), the arrivals this check made or
-        found room for, and why it changed (``None``: not changed). A raise of the job's own
-        goes through :meth:`decide` instead (returned unchanged, no room confirmed).
+        """``decision`` while peers arrive (``Tenant.arriving``), the arrivals this check
+        confirms room for (found free, left to a cheaper peer's move, or nothing exact left to
+        give; room made by a move is confirmed at the next check, once a step at the new setting
+        measured it), and why it changed (``None``: not changed). A raise of the job's own goes
+        through :meth:`decide` instead (returned unchanged, no room confirmed).
 
         Example:
             >>> ladder = LadderController(rungs=2, min_free=100)
@@ -170,8 +173,8 @@ class Coordination:
             >>> calm = Decision(0, 0.0, "hold", free=350, threshold=100)  # 150 short of that
             >>> rule = Coordination()
             >>> decision, room_for, why = rule.arrivals(calm, Setting(0, 0.0), me, [newcomer], 1.0, ladder)
-            >>> decision.setting, room_for
-            (Setting(rung=1, compression=0.0), ('b',))
+            >>> decision.setting, room_for  # confirmed once a step on rung 1 measured it
+            (Setting(rung=1, compression=0.0), ())
         """
         arriving = [p for p in peers if p.arriving]
         names = tuple(p.job for p in arriving)
@@ -184,22 +187,22 @@ class Coordination:
         if not known:
             return kept, names, None  # nothing measured here: no estimate to make room for
         need = sum(max(0.0, max(known) - (p.held or 0)) for p in arriving)
-        deficit = need + decision.threshold - decision.free
+        low = decision.threshold if controller.min_free_bytes is None else controller.min_free_bytes
+        deficit = need + low - decision.free  # to keep min_free free after the arrival
         who = ", ".join(names)
         if deficit <= 0:
             return kept, names, None if kept is decision else f"{who} arrives: nothing given back"
         recent = [p.job for p in peers if now - p.changed_at < self.dwell]
         if recent:  # their change is not in the readings yet: no room confirmed
             return kept, (), f"{', '.join(recent)} changed within {self.dwell:g} s: not in the readings yet"
-        short = Decision(
-            current.rung, current.compression, RAISE, decision.free, int(decision.threshold + need)
-        )
+        short = Decision(current.rung, current.compression, RAISE, decision.free, int(low + need))
         cheaper = _raise_held(short, me, [p for p in peers if not p.arriving])
         target = controller.make_room(current, deficit * (1 + controller.margin))
         if cheaper is not None or target == current:
             return kept, names, cheaper or f"{who} arrives: no exact rung left to make room"
         why = f"making room for {who}: {deficit / 2**20:.1f} MiB, as much as a job here measured"
-        return Decision(target.rung, target.compression, RAISE, decision.free, decision.threshold), names, why
+        # confirmed at the next check, by a step measured at the new setting
+        return Decision(target.rung, target.compression, RAISE, decision.free, decision.threshold), (), why
 
     def state_dict(self) -> dict[str, int]:
         return {"held": self.held}
