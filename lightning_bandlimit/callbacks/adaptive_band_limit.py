@@ -17,7 +17,6 @@ from lightning_bandlimit.callbacks.ladder_decisions import (
     agree_across_ranks,
     decision_record,
     describe_change,
-    held_bytes,
     log_decision,
     read_job,
 )
@@ -286,8 +285,7 @@ class AdaptiveBandLimit(BandLimit):
         if self._stages is not None and self._stages.stages is None:
             # The first step runs every unit plainly and measures them: stages and bytes freed.
             self._step_started = None  # a profiling step's time is not a rung's
-            held = held_bytes(self.probe, self._device) if self.coordinator is not None else 0
-            top = self.coordinator is not None and self.coordinator.arrive(trainer, held)  # beside peers
+            top = self.coordinator is not None and self.coordinator.first_step_on_top()  # beside peers
             self._profiling = Profiling.start(self._stages, pl_module.parameters(), checkpointed=top)
             return
         # global_step counts optimizer steps: this batch ends at global_step + 1.

@@ -42,10 +42,9 @@ class Coordinator(Protocol):
     def __call__(self, adaptive: pl.Callback, trainer: pl.Trainer, decision: Decision) -> Decision:
         """The check's decision (of ``adaptive``, the ``AdaptiveBandLimit``) after the shared rule."""
 
-    def arrive(self, trainer: pl.Trainer, held: int) -> bool:
-        """Before the job's first step (which measures it): announce it, holding ``held`` bytes,
-        and wait a bounded time for the jobs already there to make room; whether that step
-        should run on the top rung (beside peers) rather than on rung 0."""
+    def first_step_on_top(self) -> bool:
+        """Whether the job's first step, which measures it, runs on the top rung rather than on
+        rung 0 (it arrived beside peers)."""
 
 
 def held_bytes(probe: MemoryProbe | None, device: torch.device | None) -> int:

@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_bandlimit.callbacks.adaptive_band_limit import AdaptiveBandLimit
+from lightning_bandlimit.callbacks.ladder_decisions import held_bytes
 from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.tenants.coordination import Coordination, offer
@@ -92,6 +93,7 @@ class SharedDevice(Callback):
         self._peers: list[Tenant] | None = None  # read for this check's decision
         self._held: int | None = None  # bytes held while arriving (None: not arriving)
         self._room_for: tuple[str, ...] = ()  # arrivals the last check made or found room for
+        self._on_top = False  # the first step runs on the top rung (arrived beside peers)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -121,6 +123,16 @@ class SharedDevice(Callback):
         return self.ledger.publish(  # type: ignore[arg-type]
             **entry, **arriving, coordinates=self.coordinate, changed_at=self._changed_at
         )
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._adaptive is not None and self.ledger is not None:
+            held = held_bytes(self._adaptive.probe, trainer.strategy.root_device)
+            self._on_top = self.arrive(trainer, held)
+
+    def first_step_on_top(self) -> bool:
+        """Whether the job's first step runs on its top rung: it arrived beside coordinating peers."""
+        return self._on_top
 
     def arrive(self, trainer: pl.Trainer, held: int) -> bool:
         """Announce the job (holding ``held`` bytes) to its coordinating peers before its first
