@@ -26,10 +26,11 @@ then for 2 and 3 jobs (``--jobs``) the rows (``--rows``):
 
 Columns: over-budget steps (all jobs; a job's step is over when its peak plus the others'
 memory at the step's start exceeds the budget), each job's accuracy minus its solo run, lever
-changes per job (oscillation), steps on a checkpointed rung and compressed, wall time of the set
-and the slowest job's over the fastest's (starvation), and the host's combined resident peak,
-sampled every 20 ms, over the sum of the jobs' own peaks (below 1: the jobs' step phases did not
-align; a GPU's caching allocators would hold the sum). Writes
+changes per job and how many of them reverse the job's previous change (oscillation), steps on
+a checkpointed rung and compressed, wall time of the set and the slowest job's over the
+fastest's (starvation), and the host's combined resident peak, sampled every 20 ms, over the sum
+of the jobs' own peaks (below 1: the jobs' step phases did not align; a GPU's caching allocators
+would hold the sum). Writes
 ``benchmarks/results/<name>.json`` and ``<name>.png`` (the first seed's timelines, one panel per
 row and set size).
 
@@ -92,6 +93,14 @@ class HostSampler(threading.Thread):
 def _changes(result: JobResult) -> int:
     settings = [(r["rung"], r["compression"]) for r in result.timeline]
     return sum(a != b for a, b in zip(settings, settings[1:]))
+
+
+def _reversals(result: JobResult) -> int:
+    """Changes against the direction of the job's previous change (a climb after a release, or
+    a release after a climb): the oscillation among the lever changes."""
+    settings = [(r["rung"], r["compression"]) for r in result.timeline]
+    ups = [b > a for a, b in zip(settings, settings[1:]) if a != b]
+    return sum(x != y for x, y in zip(ups, ups[1:]))
 
 
 def _plot(sets: list[dict], path: Path) -> None:
@@ -216,6 +225,7 @@ def main() -> None:
                     "over_budget_steps": sum(over_budget(r, budget) for r in results),
                     "accuracy_minus_solo": [r.val_accuracy - s.val_accuracy for r, s in zip(results, solo)],
                     "lever_changes": [_changes(r) for r in results],
+                    "lever_reversals": [_reversals(r) for r in results],
                     "checkpointed_steps": [sum(x["rung"] > 0 for x in r.timeline) for r in results],
                     "compressed_steps": [sum(x["compression"] > 0 for x in r.timeline) for r in results],
                     "steps": [len(r.timeline) for r in results],
@@ -231,7 +241,8 @@ def main() -> None:
                 print(
                     f"seed {seed}, {n} jobs, {row:>11}: over budget {record['over_budget_steps']:3d}, "
                     f"accuracy - solo {[f'{d:+.3f}' for d in record['accuracy_minus_solo']]}, "
-                    f"changes {record['lever_changes']}, compressed steps {record['compressed_steps']}, "
+                    f"changes {record['lever_changes']} (reversals {record['lever_reversals']}), "
+                    f"compressed steps {record['compressed_steps']}, "
                     f"set wall {wall:.0f} s, slowest/fastest {record['slowest_over_fastest']:.2f}, "
                     f"host peak {record['host_peak_mib']:.0f} of {record['sum_of_job_peaks_mib']:.0f} MiB "
                     f"summed job peaks (budget {budget / MIB:.0f})",
@@ -250,6 +261,9 @@ def main() -> None:
                     "worst_accuracy_minus_solo": min(min(r["accuracy_minus_solo"]) for r in mine),
                     "mean_lever_changes_per_job": statistics.fmean(
                         c for r in mine for c in r["lever_changes"]
+                    ),
+                    "mean_lever_reversals_per_job": statistics.fmean(
+                        c for r in mine for c in r["lever_reversals"]
                     ),
                     "mean_set_wall_s": statistics.fmean(r["set_wall_s"] for r in mine),
                     "worst_slowest_over_fastest": max(r["slowest_over_fastest"] for r in mine),

@@ -18,7 +18,7 @@ import torch
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.reasons import REASON_CODES
 from lightning_bandlimit.ladder.setting import Decision, Setting
-from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading
+from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable
 
 __all__ = [
     "Coordinator",
@@ -50,9 +50,12 @@ class Coordinator(Protocol):
 def held_bytes(probe: MemoryProbe | None, device: torch.device | None) -> int:
     """What the job holds now, in the unit of the peak :func:`read_job` reads: the probe's
     measurement of the job when it has one, else ``torch.cuda.memory_allocated`` on a GPU, else
-    ``0`` (the metered peak is the step's saved bytes alone)."""
+    ``0`` (the metered peak is the step's saved bytes alone, or the probe stopped working)."""
     if probe is not None and probe.measures_own:
-        return int(probe.read().own or 0)
+        try:
+            return int(probe.read().own or 0)
+        except ProbeUnavailable:
+            return 0  # the ladder's next check says so
     if device is not None and device.type == "cuda":
         return int(torch.cuda.memory_allocated(device))
     return 0

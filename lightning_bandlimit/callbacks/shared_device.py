@@ -163,6 +163,8 @@ class SharedDevice(Callback):
                     "of the job's arrival; it starts anyway, on its top rung"
                 )
                 return True
+            if time.time() - self.ledger.last.heartbeat > self.timeout / 4:  # type: ignore[union-attr]
+                self.ledger.beat()  # still here, still arriving
             time.sleep(0.05)
 
     def peer_memory(self) -> float | None:

@@ -9,12 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer
 from lightning.pytorch.callbacks import Callback
 
 from lightning_bandlimit.callbacks import AdaptiveBandLimit, SharedDevice
+from lightning_bandlimit.callbacks.ladder_decisions import held_bytes
 from lightning_bandlimit.data import SyntheticImageDataModule
-from lightning_bandlimit.memory import ScriptedProbe
+from lightning_bandlimit.memory import MemoryReading, ProbeUnavailable, ScriptedProbe
 from lightning_bandlimit.models import ImageClassifier
 from lightning_bandlimit.recompute.stages import is_checkpointed
 from lightning_bandlimit.tenants import Ledger, Tenant
@@ -190,3 +192,22 @@ def test_a_job_makes_room_for_an_arriving_peer_and_gives_nothing_back_meanwhile(
     confirmed = [step for step, room in enumerate(seen) if room == ("a-peer",)]
     assert confirmed == list(range(confirmed[0], len(seen)))  # then at every check
     assert confirmed[0] > after[0]["step"]  # room made is confirmed after a step measured it
+
+
+def test_what_an_arriving_job_holds_is_its_probes_measure_and_a_failed_probe_counts_nothing() -> None:
+    class Own(ScriptedProbe):
+        measures_own = True
+
+        def read(self) -> MemoryReading:
+            if self.fail:
+                raise ProbeUnavailable("gone")
+            return MemoryReading(total=TOTAL, free=TOTAL // 2, source="scripted", own=7 * M)
+
+    probe = Own(free=[TOTAL], total=TOTAL)
+    probe.fail = False
+    assert held_bytes(probe, torch.device("cpu")) == 7 * M
+    probe.fail = True
+    assert held_bytes(probe, torch.device("cpu")) == 0  # the ladder's next check says the probe stopped
+    assert (
+        held_bytes(ScriptedProbe(free=[TOTAL], total=TOTAL), torch.device("cpu")) == 0
+    )  # steps metered alone
