@@ -136,7 +136,7 @@ def describe_stages(stages: list[list[str]], savings: list[int] | None, on_top: 
     freed = (
         f"bytes each frees: {[f'{s / 2**20:.1f} MiB' for s in savings]}"
         if savings is not None
-        else "bytes each frees: unknown (measured checkpointed, after an out-of-memory error)"
+        else "bytes each frees: unknown (measured all checkpointed: beside peers, or out of memory)"
     )
     continuum = (
         "the compression continuum runs on the top rung (checkpointed blocks keep their kept spectrum)"
