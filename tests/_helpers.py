@@ -6,6 +6,7 @@ a script finds this module when its test starts it with :func:`run_ddp_script` o
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -85,11 +87,19 @@ def run_ddp_script(script: Path, out: Path, ranks: int = 2, **env: str) -> list[
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(ranks)]
 
 
+def _destroy_process_group() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 class Report(pl.Callback):
     """In a script: writes ``$BANDLIMIT_OUT/rank<r>.json``, what ``collect`` returns when training ends."""
 
     def __init__(self, collect: Callable[[pl.Trainer, pl.LightningModule], dict[str, Any]]) -> None:
         self.collect = collect
+        # a process group left to the interpreter's exit can abort it ("terminate called without
+        # an active exception", seen once on a loaded machine): close it before
+        atexit.register(_destroy_process_group)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         out = Path(os.environ["BANDLIMIT_OUT"]) / f"rank{trainer.global_rank}.json"
