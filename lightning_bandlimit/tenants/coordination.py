@@ -140,9 +140,8 @@ class Coordination:
         it: an exact rung kept while a peer compresses)."""
         if decision.reason not in (RAISE, LOWER):
             return None, False
-        recent = [p.job for p in peers if now - p.changed_at < self.dwell]
-        if recent:
-            return f"{', '.join(recent)} changed within {self.dwell:g} s: not in the readings yet", False
+        if (recent := self._recent(peers, now)) is not None:
+            return recent, False
         if decision.reason == RAISE:
             return _raise_held(decision, me, peers), False
         if not me.lossy and any(p.lossy for p in peers):
@@ -192,9 +191,8 @@ class Coordination:
         who = ", ".join(names)
         if deficit <= 0:
             return kept, names, None if kept is decision else f"{who} arrives: nothing given back"
-        recent = [p.job for p in peers if now - p.changed_at < self.dwell]
-        if recent:  # their change is not in the readings yet: no room confirmed
-            return kept, (), f"{', '.join(recent)} changed within {self.dwell:g} s: not in the readings yet"
+        if (recent := self._recent(peers, now)) is not None:  # no room confirmed yet
+            return kept, (), recent
         short = Decision(current.rung, current.compression, RAISE, decision.free, int(low + need))
         cheaper = _raise_held(short, me, [p for p in peers if not p.arriving])
         target = controller.make_room(current, deficit * (1 + controller.margin))
@@ -203,6 +201,13 @@ class Coordination:
         why = f"making room for {who}: {deficit / 2**20:.1f} MiB, as much as a job here measured"
         # confirmed at the next check, by a step measured at the new setting
         return Decision(target.rung, target.compression, RAISE, decision.free, decision.threshold), (), why
+
+    def _recent(self, peers: Sequence[Tenant], now: float) -> str | None:
+        """Why to wait for peers that changed within ``dwell`` seconds (``None``: none did)."""
+        recent = [p.job for p in peers if now - p.changed_at < self.dwell]
+        if not recent:
+            return None
+        return f"{', '.join(recent)} changed within {self.dwell:g} s: not in the readings yet"
 
     def state_dict(self) -> dict[str, int]:
         return {"held": self.held}
