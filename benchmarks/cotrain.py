@@ -90,15 +90,21 @@ class HostSampler(threading.Thread):
         return self.peak
 
 
+def _settings(result: JobResult) -> list[tuple[int, float]]:
+    """What each step ran with: units checkpointed and compression (not the rung's number, which
+    a first step profiled with every unit checkpointed reports as 0 before its stages are known)."""
+    return [(r["checkpointed_units"], r["compression"]) for r in result.timeline]
+
+
 def _changes(result: JobResult) -> int:
-    settings = [(r["rung"], r["compression"]) for r in result.timeline]
+    settings = _settings(result)
     return sum(a != b for a, b in zip(settings, settings[1:]))
 
 
 def _reversals(result: JobResult) -> int:
     """Changes against the direction of the job's previous change (a climb after a release, or
     a release after a climb): the oscillation among the lever changes."""
-    settings = [(r["rung"], r["compression"]) for r in result.timeline]
+    settings = _settings(result)
     ups = [b > a for a, b in zip(settings, settings[1:]) if a != b]
     return sum(x != y for x, y in zip(ups, ups[1:]))
 

@@ -328,25 +328,27 @@ class AdaptiveBandLimit(BandLimit):
             return
         rung, peak = self.rung, self._job_peak  # a restored rung, if any
         self._stages.set_stages(stages)
+        savings = profiling.savings(self._stages, failed)
         if not profiling.checkpointed:
-            savings: list[int] | None = profile.savings(drop=failed)
             self.controller.set_stage_savings(savings)  # type: ignore[arg-type]
             if rung and peak:  # the profiled step ran on rung 0: what it measured is rung 0's
                 self.controller.observe(Setting(0, self.compression), float(peak))
                 self._job_peak = None
             self.rung = min(rung, len(stages))  # the restored rung (a resumed or a second fit)
         else:  # measured with every unit checkpointed (beside peers, or after out of memory): the top rung
-            self.controller.set_rungs(len(stages))
+            if savings is None:
+                self.controller.set_rungs(len(stages))
+            else:  # from the first step's samples
+                self.controller.set_stage_savings(savings)  # type: ignore[arg-type]
             self.rung = len(stages)
             if profiling.oom_step is not None:
                 self._record_oom(profiling.oom_step)
             self._job_peak = None if failed else self._job_peak  # measured with units off the ladder
-            savings = None
         on_top = self.controller.lossy and (
             self.continuum_rung == "top" or (self.continuum_rung == "auto" and self._stages.keep_spectrum())
         )
         self.controller.set_continuum_on_top(on_top)
-        describe_stages(stages, savings, on_top)
+        describe_stages(stages, savings, on_top, sampled=profiling.checkpointed)
 
     @override
     def on_train_batch_end(

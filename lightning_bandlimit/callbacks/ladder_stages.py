@@ -12,6 +12,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lightning_bandlimit.recompute.sampled_savings import sampled_savings
 from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile, checkpoint_units
 from lightning_bandlimit.recompute.trial import trial
 
@@ -101,12 +102,25 @@ class Profiling:
         self.recording = False
         return None if self.oom_step is not None else self.profile.meter.bytes
 
+    def savings(self, stages: CheckpointStages, drop: list[str]) -> list[int] | None:
+        """Bytes checkpointing each stage frees (``drop``: units off the ladder): seen by a plain
+        profile; from the recorded samples of a checkpointed one
+        (:func:`~lightning_bandlimit.recompute.sampled_savings.sampled_savings`), unknown after an
+        out-of-memory error (nothing recorded). The samples are let go."""
+        try:
+            if not self.checkpointed:
+                return self.profile.savings(drop=drop)
+            return sampled_savings(stages, self.profile, drop)
+        finally:
+            self.profile.inputs.clear()
+
 
 def failed_trials(
     stages: CheckpointStages, profile: UnitProfile, compressions: list[float | None], world_size: int = 1
 ) -> list[str]:
     """The units that are not exact when checkpointed (:func:`~lightning_bandlimit.recompute.trial.trial`
-    on the profile's recorded samples, at each of ``compressions``; ``None``: as the model is);
+    on the profile's recorded samples, kept for :meth:`Profiling.savings`, at each of
+    ``compressions``; ``None``: as the model is);
     one warning names them. Under DDP a unit that fails on any rank leaves the ladder on every
     rank (the ranks' units may differ: names are gathered, one collective)."""
     reasons: dict[str, str] = {}
@@ -116,7 +130,6 @@ def failed_trials(
             if reason is not None:
                 reasons[name] = reason if compression is None else f"{reason} (at compression {compression})"
                 break
-    profile.inputs.clear()
     if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
         gathered: list[list[str] | None] = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(gathered, sorted(reasons))
@@ -131,12 +144,16 @@ def failed_trials(
     return list(reasons)
 
 
-def describe_stages(stages: list[list[str]], savings: list[int] | None, on_top: bool) -> None:
-    """Say once what the ladder's exact rungs are, what each frees and where the continuum runs."""
+def describe_stages(
+    stages: list[list[str]], savings: list[int] | None, on_top: bool, sampled: bool = False
+) -> None:
+    """Say once what the ladder's exact rungs are, what each frees (``sampled``: at most, from
+    samples of each unit's input) and where the continuum runs."""
+    how = " at most (from samples: measured all checkpointed, beside peers)" if sampled else ""
     freed = (
-        f"bytes each frees: {[f'{s / 2**20:.1f} MiB' for s in savings]}"
+        f"bytes each frees{how}: {[f'{s / 2**20:.1f} MiB' for s in savings]}"
         if savings is not None
-        else "bytes each frees: unknown (measured all checkpointed: beside peers, or out of memory)"
+        else "bytes each frees: unknown (measured all checkpointed after an out-of-memory error)"
     )
     continuum = (
         "the compression continuum runs on the top rung (checkpointed blocks keep their kept spectrum)"

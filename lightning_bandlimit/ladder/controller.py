@@ -51,7 +51,10 @@ at the setting it ran with, with the same thresholds, hysteresis and cooldown as
 * **Release** (``release_checks`` calm checks and a cooldown): the lossy part first (to the
   fastest exact rung predicted to keep ``release_free`` free, else to the least compression
   predicted to, else by ``lower_step``), then the exact rungs, to the lowest rung predicted to
-  keep it free (else one rung), so a job with no pressure runs at plain speed.
+  keep it free (else one rung), so a job with no pressure runs at plain speed. Going down, a
+  rung not visited yet is bounded by the stages' saved bytes: un-checkpointing a stage adds at
+  most what it keeps for backward, so a job that started on its top rung (beside peers) goes
+  down to rung 0 in one change when that much is spare, not one rung at a time.
 
 ``max_slowdown`` caps the time cost: a rung whose measured step time exceeds it (relative to
 rung 0) and every rung above it leave the ladder; the continuum then starts below them. A rung
@@ -323,12 +326,23 @@ class LadderController(LadderModel):
             return Setting(self.lossy_rung, self.clamp(min(target, current.compression)))
         if current.rung == 0:
             return current
-        for rung in range(current.rung):  # fastest measured rung first
-            if now is not None and rung in measured and measured[rung] - now <= spare:
+        for rung in range(current.rung):  # fastest rung first, measured or bounded
+            if now is not None and self._added(rung, current.rung, now) <= spare:
                 return Setting(rung, current.compression)
         if now is not None and current.rung - 1 in measured:
             return current  # predicted not to fit: hold
         return Setting(current.rung - 1, current.compression)  # not visited yet: one rung, to learn it
+
+    def _added(self, rung: int, current: int, now: float) -> float:
+        """Memory going down from rung ``current`` (at ``now``) to ``rung`` adds: measured there,
+        else at most what the stages between keep for backward (the most checkpointing them
+        frees); ``inf`` when neither is known."""
+        measured = self.rung_memory.points
+        if rung in measured:
+            return measured[rung] - now
+        if self.stage_savings is None:
+            return float("inf")
+        return self._saved(current) - self._saved(rung)
 
     def make_room(self, current: Setting, deficit: float) -> Setting:
         """The least exact rung above ``current`` predicted (measured, else hinted) to free

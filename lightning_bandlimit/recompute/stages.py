@@ -159,6 +159,7 @@ class UnitProfile:
         self.order: list[str] = []
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.input_bytes: dict[str, int] = {}
+        self.batch: dict[str, int] = {}  # the leading size of each unit's first tensor argument
         self._stack: list[str] = []
         self._handles: list[Any] = []
 
@@ -178,6 +179,7 @@ class UnitProfile:
                     tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
                     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
                     self.input_bytes[name] = sum(storages.values())
+                    self.batch[name] = tensors[0].shape[0] if tensors and tensors[0].dim() else 1
                     if self.record:
                         self.inputs[name] = pytree.tree_map_only(torch.Tensor, self._sample, args)
 

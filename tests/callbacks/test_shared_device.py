@@ -150,9 +150,14 @@ def test_an_arriving_job_announces_itself_waits_for_room_and_measures_on_its_top
     assert seen[0].held is not None and seen[0].memory is None  # announced with what it holds
     assert time.monotonic() - began > 0.3  # it waited for the room
     assert steps.checkpointed[0] == 8 and adaptive.decisions[0]["rung"] == 4  # measured on its top rung
-    assert adaptive.controller.stage_savings is None  # (on the top rung what each stage frees is unseen)
     alone, plain = _arrive(tmp_path / "b", SharedDevice(tmp_path / "alone", job="b-job"))
     assert plain.checkpointed[0] == 0 and alone.decisions[0]["rung"] == 0  # alone: on rung 0, as before
+    # what each stage frees, unseen on the top rung, comes from the first step's samples: at least
+    # what the plain first step measured alone (and at most that plus the stages' inputs)
+    sampled, seen_plain = adaptive.controller.stage_savings, alone.controller.stage_savings
+    assert sampled is not None and seen_plain is not None and len(sampled) == len(seen_plain) == 4
+    for top, zero in zip(sampled, seen_plain, strict=True):
+        assert 0.98 * zero <= top <= 1.6 * zero
 
 
 def test_an_arrival_no_peer_makes_room_for_starts_after_the_timeout_with_one_warning(tmp_path: Path) -> None:

@@ -309,6 +309,26 @@ def test_release_lowers_to_the_lowest_rung_predicted_to_keep_release_free() -> N
     assert _run(ladder, [9000, 9000], Setting(4, 0.0))[-1].setting == FLOOR  # plenty: at once
 
 
+@pytest.mark.parametrize(
+    ("free", "target"),
+    [
+        (9000, FLOOR),  # plenty: straight back to rung 0, one change
+        (2200, Setting(2, 0.0)),  # spare 200: stages 3-4 keep 150 (fits), stages 2-4 keep 350
+        (2120, Setting(3, 0.0)),  # spare 120: only stage 4's 50 bytes
+        (2040, Setting(3, 0.0)),  # spare 40: nothing bounded fits; one rung down, to learn it
+    ],
+)
+def test_release_from_a_top_rung_start_is_bounded_by_the_stages_saved_bytes(
+    free: int, target: Setting
+) -> None:
+    # a job that started on its top rung (beside peers): only rung 4 measured, the stages' saved
+    # bytes known from samples; going down adds at most what the stages between keep
+    ladder = _ladder()
+    ladder.set_stage_savings(SAVINGS)
+    ladder.observe(Setting(4, 0.0), 4350)
+    assert _run(ladder, [free, free], Setting(4, 0.0))[-1].setting == target
+
+
 def test_release_never_goes_below_the_oom_floor() -> None:
     ladder = _learned()
     retry = ladder.on_oom(Setting(0, 0.3))

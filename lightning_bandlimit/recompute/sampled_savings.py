@@ -1,0 +1,100 @@
+"""What checkpointing each unit frees, measured on a few recorded samples of its input.
+
+A profile taken with every unit checkpointed (a job that starts on its top rung beside peers)
+sees the stages but not what each unit keeps for backward: a checkpointed unit keeps only its
+input. The profile's recorded samples (:attr:`~lightning_bandlimit.recompute.stages.UnitProfile.inputs`)
+are enough to measure it: each unit runs once plainly on them under a
+:class:`~lightning_bandlimit.recompute.saved_tensors.SavedTensorMeter`, and the bytes it saves
+other than its input (which a checkpointed unit keeps) scale with the batch: a convolutional
+unit's saved activations are per sample. That is the most checkpointing the unit can free: at
+least what :meth:`UnitProfile.savings` counts in a plain forward, which also subtracts an input
+that an earlier op saved (a ResNet block's input, saved by the ReLU before it), and at most that
+plus the input. BatchNorm statistics, the random streams and each unit's checkpointing state are
+left as they were; a unit that cannot run on its samples makes the answer unknown (``None``),
+never an error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from lightning_bandlimit.recompute.running_stats import running_stats_kept
+from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
+from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile
+from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
+
+__all__ = ["sampled_savings"]
+
+
+def sampled_savings(
+    stages: CheckpointStages, profile: UnitProfile, drop: Collection[str] = ()
+) -> list[int] | None:
+    """Bytes checkpointing each stage of ``profile.stages(drop)`` frees, from the recorded samples.
+
+    Args:
+        stages: the units (as :class:`CheckpointStages` holds them).
+        profile: a profile that recorded samples of each unit's input (``record > 0``); call
+            before anything consumes :attr:`UnitProfile.inputs`.
+        drop: units left out, as for :meth:`UnitProfile.stages`.
+
+    Returns:
+        One number per stage, or ``None`` when a unit of a stage has no samples or cannot run
+        plainly on them.
+
+    Example:
+        >>> from lightning_bandlimit.models import cifar_resnet18
+        >>> from lightning_bandlimit.recompute.stages import checkpoint_units
+        >>> model = cifar_resnet18(width=4)
+        >>> stages = CheckpointStages(checkpoint_units(model))
+        >>> with stages.profile(exclude=model.parameters(), checkpointed=True, record=2) as profile:
+        ...     _ = model(torch.rand(8, 3, 32, 32))
+        >>> profile.savings()  # every unit ran checkpointed: nothing seen
+        [0, 0, 0, 0]
+        >>> [s > 0 for s in sampled_savings(stages, profile)]
+        [True, True, True, True]
+    """
+    per_unit: dict[str, int] = {}
+    for stage in profile.stages(drop):
+        for name in stage:
+            args = profile.inputs.get(name)
+            unit = stages.units.get(name)
+            if args is None or unit is None:
+                return None
+            saved = _saved_beyond_input(name, unit, args)
+            if saved is None:
+                return None
+            leading = _leading(args)
+            per_unit[name] = math.ceil(saved * profile.batch.get(name, leading) / leading)
+    return [sum(per_unit[name] for name in stage) for stage in profile.stages(drop)]
+
+
+def _leading(args: tuple[Any, ...]) -> int:
+    tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
+    return max(1, tensors[0].shape[0]) if tensors and tensors[0].dim() else 1
+
+
+def _saved_beyond_input(name: str, unit: Any, args: tuple[Any, ...]) -> int | None:
+    was_checkpointed = is_checkpointed(unit)
+    call = pytree.tree_map_only(
+        torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), args
+    )
+    inputs = [t for t in pytree.tree_leaves(call) if isinstance(t, torch.Tensor)]
+    params = [p for m in unit.modules() for p in m.parameters(recurse=False)]
+    devices = sorted({t.device.index or 0 for t in inputs if t.device.type == "cuda"})
+    kept = running_stats_kept(list(unit.modules()))
+    try:  # the job's random streams are left as they were (a unit with dropout draws from them)
+        with kept, torch.random.fork_rng(devices=devices), torch.enable_grad():
+            uncheckpoint(unit)
+            with SavedTensorMeter(exclude=[*params, *inputs]) as meter:
+                out = unit(*call)
+            del out
+    except Exception:  # the samples do not suit the unit plainly: unknown
+        return None
+    finally:
+        (checkpoint(unit, name) if was_checkpointed else uncheckpoint(unit))
+    return meter.bytes
