@@ -65,8 +65,9 @@ class Profiling:
     Attributes:
         profile: the units' profile, recording until :meth:`close`.
         checkpointed: measured with every unit checkpointed (on the top rung: beside peers that
-            share the device, or after an out-of-memory error): the stages are known, what each
-            frees is not.
+            share the device, or after an out-of-memory error): the stages are known; what each
+            frees is measured on the recorded samples (:meth:`savings`; after an out-of-memory
+            error, nothing is recorded and it stays unknown).
         oom_step: the step whose first attempt ran out of memory (recorded once the retry
             measured the stages).
     """

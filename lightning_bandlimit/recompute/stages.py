@@ -253,7 +253,8 @@ class CheckpointStages:
         self, exclude: Iterable[torch.Tensor] = (), checkpointed: bool = False, record: int = 0
     ) -> UnitProfile:
         """A profile of the next forward: every unit runs un-checkpointed during it, or with
-        ``checkpointed=True`` checkpointed (stages only: what a unit frees is then not seen);
+        ``checkpointed=True`` checkpointed (stages only: what a unit frees is then not seen; see
+        :mod:`~lightning_bandlimit.recompute.sampled_savings`);
         ``record`` as :class:`UnitProfile`'s."""
         for name, module in self.units.items():
             checkpoint(module, name) if checkpointed else uncheckpoint(module)
