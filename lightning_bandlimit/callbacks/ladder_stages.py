@@ -127,7 +127,7 @@ def failed_trials(
     reasons: dict[str, str] = {}
     for name, args in profile.inputs.items():
         for compression in compressions:
-            reason = trial(name, stages.units[name], args, compression)
+            reason = trial(name, stages.units[name], args, compression, autocast=profile.autocast.get(name))
             if reason is not None:
                 reasons[name] = reason if compression is None else f"{reason} (at compression {compression})"
                 break

@@ -5,8 +5,11 @@ sees the stages but not what each unit keeps for backward: a checkpointed unit k
 input. The profile's recorded samples (:attr:`~lightning_bandlimit.recompute.stages.UnitProfile.inputs`)
 are enough to measure it: each unit runs once plainly on them under a
 :class:`~lightning_bandlimit.recompute.saved_tensors.SavedTensorMeter`, and the bytes it saves
-other than its input (which a checkpointed unit keeps) scale with the batch: a convolutional
-unit's saved activations are per sample. That is the most checkpointing the unit can free: at
+other than its input (which a checkpointed unit keeps), measured on all the samples and on
+half of them, are extended along that line to the batch (a convolutional unit's activations are
+per sample; BatchNorm's statistics and autocast's copies of the weights are once a call). The
+units run under the autocast the training forward ran with (recorded by the profile), so a
+``bf16-mixed`` job is measured as it trains. That is the most checkpointing the unit can free: at
 least what :meth:`UnitProfile.savings` counts in a plain forward, which also subtracts an input
 that an earlier op saved (a ResNet block's input, saved by the ReLU before it), and at most that
 plus the input. BatchNorm statistics, the random streams and each unit's checkpointing state are
@@ -16,6 +19,7 @@ never an error.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Collection
 from typing import Any
@@ -65,20 +69,39 @@ def sampled_savings(
             unit = stages.units.get(name)
             if args is None or unit is None:
                 return None
-            saved = _saved_beyond_input(name, unit, args)
+            saved = _at_batch(name, unit, args, profile.batch.get(name), profile.autocast.get(name))
             if saved is None:
                 return None
-            leading = _leading(args)
-            per_unit[name] = math.ceil(saved * profile.batch.get(name, leading) / leading)
+            per_unit[name] = saved
     return [sum(per_unit[name] for name in stage) for stage in profile.stages(drop)]
 
 
-def _leading(args: tuple[Any, ...]) -> int:
+def _at_batch(
+    name: str, unit: Any, args: tuple[Any, ...], batch: int | None, autocast: tuple[str, torch.dtype] | None
+) -> int | None:
+    """The unit's saved bytes at ``batch`` samples: measured on all the samples and on half of
+    them, and extended along that line (what is saved once a call, BatchNorm's statistics or
+    autocast's low-precision copies of the weights, does not grow with the batch)."""
     tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
-    return max(1, tensors[0].shape[0]) if tensors and tensors[0].dim() else 1
+    n = tensors[0].shape[0] if tensors and tensors[0].dim() else 1
+    batch = n if batch is None else batch
+    full = _saved(name, unit, args, autocast)
+    if full is None or n < 2 or batch == n:
+        return None if full is None else math.ceil(full * batch / max(1, n))
+    half = n // 2
+    part = pytree.tree_map_only(torch.Tensor, lambda t: t[:half] if t.dim() and t.shape[0] == n else t, args)
+    less = _saved(name, unit, part, autocast)
+    if less is None:
+        return None
+    per_sample = max(0.0, (full - less) / (n - half))
+    return math.ceil(full + per_sample * (batch - n))
 
 
-def _saved_beyond_input(name: str, unit: Any, args: tuple[Any, ...]) -> int | None:
+def _saved(
+    name: str, unit: Any, args: tuple[Any, ...], autocast: tuple[str, torch.dtype] | None
+) -> int | None:
+    """Bytes ``unit`` saves for backward on ``args`` (its input and parameters not counted), run
+    plainly, under the autocast the training forward ran with; ``None`` if it raises."""
     was_checkpointed = is_checkpointed(unit)
     call = pytree.tree_map_only(
         torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), args
@@ -87,8 +110,9 @@ def _saved_beyond_input(name: str, unit: Any, args: tuple[Any, ...]) -> int | No
     params = [p for m in unit.modules() for p in m.parameters(recurse=False)]
     devices = sorted({t.device.index or 0 for t in inputs if t.device.type == "cuda"})
     kept = running_stats_kept(list(unit.modules()))
+    cast = contextlib.nullcontext() if autocast is None else torch.autocast(autocast[0], dtype=autocast[1])
     try:  # the job's random streams are left as they were (a unit with dropout draws from them)
-        with kept, torch.random.fork_rng(devices=devices), torch.enable_grad():
+        with kept, torch.random.fork_rng(devices=devices), torch.enable_grad(), cast:
             uncheckpoint(unit)
             with SavedTensorMeter(exclude=[*params, *inputs]) as meter:
                 out = unit(*call)

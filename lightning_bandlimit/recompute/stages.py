@@ -160,6 +160,7 @@ class UnitProfile:
         self.shapes: dict[str, tuple[int, ...]] = {}
         self.input_bytes: dict[str, int] = {}
         self.batch: dict[str, int] = {}  # the leading size of each unit's first tensor argument
+        self.autocast: dict[str, tuple[str, torch.dtype]] = {}  # the autocast each unit ran under
         self._stack: list[str] = []
         self._handles: list[Any] = []
 
@@ -180,6 +181,9 @@ class UnitProfile:
                     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
                     self.input_bytes[name] = sum(storages.values())
                     self.batch[name] = tensors[0].shape[0] if tensors and tensors[0].dim() else 1
+                    kind = tensors[0].device.type if tensors else "cpu"
+                    if torch.is_autocast_enabled(kind):
+                        self.autocast[name] = (kind, torch.get_autocast_dtype(kind))
                     if self.record:
                         self.inputs[name] = pytree.tree_map_only(torch.Tensor, self._sample, args)
 

@@ -4,7 +4,8 @@ A unit that cannot be recomputed (it mutates what it was called with, reads stat
 forward changes, or meets an op whose recompute differs) would fail in the middle of a training
 step's backward, hours into a run, or worse, train on wrong gradients. :func:`trial` runs the
 unit twice on a few recorded samples of its real input, plain and checkpointed, with the same
-random numbers, and compares outputs and gradients; the BatchNorm statistics and the unit's
+random numbers (under the autocast it ran with in training: a ``bf16-mixed`` job's samples are
+bf16), and compares outputs and gradients; the BatchNorm statistics and the unit's
 checkpointing state are left as they were. A failure is returned as a reason, never raised.
 """
 
@@ -28,7 +29,12 @@ _GRADIENT_FLOOR = 1e-2
 
 
 def trial(
-    name: str, unit: Any, args: tuple[Any, ...], compression: float | None = None, rtol: float = 1e-4
+    name: str,
+    unit: Any,
+    args: tuple[Any, ...],
+    compression: float | None = None,
+    rtol: float = 1e-4,
+    autocast: tuple[str, torch.dtype] | None = None,
 ) -> str | None:
     """Why checkpointing ``unit`` is not exact on ``args``, or ``None`` when it is.
 
@@ -41,6 +47,9 @@ def trial(
             are set back afterwards); ``None``: as they are.
         rtol: the largest difference allowed, relative to the largest magnitude of each tensor
             (of a gradient: at least a hundredth of the largest gradient's).
+        autocast: ``(device_type, dtype)`` of the autocast the unit ran under in training
+            (:attr:`~lightning_bandlimit.recompute.stages.UnitProfile.autocast`): both runs use it,
+            so a ``bf16-mixed`` job's samples are tried as they were recorded.
 
     Example:
         >>> from torch import nn
@@ -53,11 +62,11 @@ def trial(
         with _compression(unit, compression), running_stats_kept(list(unit.modules())):
             uncheckpoint(unit)
             try:
-                plain = _run(unit, args)
+                plain = _run(unit, args, autocast)
             except Exception:  # the recorded samples do not suit the unit plainly: nothing to judge
                 return None
             checkpoint(unit, name)
-            checkpointed = _run(unit, args)
+            checkpointed = _run(unit, args, autocast)
     except Exception as error:
         return f"{name}: checkpointed, it raised {type(error).__name__}: {str(error).splitlines()[0][:200]}"
     finally:
@@ -85,7 +94,9 @@ def trial(
     return None
 
 
-def _run(unit: Any, args: tuple[Any, ...]) -> tuple[list[Any], list[Any]]:
+def _run(
+    unit: Any, args: tuple[Any, ...], autocast: tuple[str, torch.dtype] | None = None
+) -> tuple[list[Any], list[Any]]:
     params = [p for m in unit.modules() for p in m.parameters(recurse=False) if p.requires_grad]
     devices = sorted({t.device.index or 0 for t in pytree.tree_leaves(args) if _on_cuda(t)})
     with torch.random.fork_rng(devices=devices):
@@ -95,7 +106,10 @@ def _run(unit: Any, args: tuple[Any, ...]) -> tuple[list[Any], list[Any]]:
             torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), args
         )
         inputs = [t for t in pytree.tree_leaves(call) if isinstance(t, torch.Tensor) and t.requires_grad]
-        with torch.enable_grad():
+        cast = (
+            contextlib.nullcontext() if autocast is None else torch.autocast(autocast[0], dtype=autocast[1])
+        )
+        with torch.enable_grad(), cast:
             out = unit(*call)
     outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     floats = [t for t in outputs if t.is_floating_point() and t.requires_grad]

@@ -69,7 +69,9 @@ def _climb(frees: list[int], **kwargs: object) -> AdaptiveBandLimit:
     return AdaptiveBandLimit(probe=probe, **{**SCRIPTED_ADAPTIVE, "max_compression": 0.9, **kwargs})
 
 
-def test_a_unit_whose_recompute_differs_leaves_the_ladder_with_one_warning() -> None:
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_a_unit_whose_recompute_differs_leaves_the_ladder_with_one_warning(precision: str) -> None:
+    # under bf16-mixed the units' recorded inputs are bf16: the trial runs them under that autocast
     net = nn.Sequential(
         nn.Conv2d(3, 8, 3, padding=1), _Block(8), _Counting(8), nn.MaxPool2d(2), _Block(8),
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 4),
@@ -77,7 +79,8 @@ def test_a_unit_whose_recompute_differs_leaves_the_ladder_with_one_warning() -> 
     callback = _climb([100] * 12)  # a squeeze throughout: the ladder climbs to its top rung
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        cpu_trainer([callback], max_steps=6, limit_val_batches=0).fit(_Module(net), _data())
+        trainer = cpu_trainer([callback], max_steps=6, limit_val_batches=0, precision=precision)
+        trainer.fit(_Module(net), _data())
     messages = [str(w.message) for w in caught if "not exact when checkpointed" in str(w.message)]
     assert len(messages) == 1 and "net.2: checkpointed" in messages[0], messages
     assert callback._stages is None or "net.2" not in callback._stages.units

@@ -138,6 +138,18 @@ def test_trial_accepts_exact_units_and_rejects_a_unit_whose_recompute_differs() 
     assert reason is not None and reason.startswith("counter: checkpointed")
 
 
+def test_trial_judges_samples_recorded_under_bf16_autocast_under_that_autocast() -> None:
+    # a bf16-mixed job records bf16 inputs of float32 units: run plainly outside autocast they
+    # raise, and the trial had nothing to judge (every unit passed untried)
+    x = torch.randn(4, 2, 6, 6).bfloat16().requires_grad_()
+    block = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1), nn.BatchNorm2d(2), nn.ReLU())
+    assert trial("counter", _Counter(), (x,)) is None  # without the autocast: not judged
+    bf16 = ("cpu", torch.bfloat16)
+    assert trial("block", block, (x,), autocast=bf16) is None
+    reason = trial("counter", _Counter(), (x,), autocast=bf16)
+    assert reason is not None and reason.startswith("counter: checkpointed")
+
+
 def test_trial_runs_band_limited_units_at_the_compression_asked_and_restores_it() -> None:
     model = bandlimit(torchvision.models.resnet18(num_classes=4), 0.0)
     block = model.layer1[0]
