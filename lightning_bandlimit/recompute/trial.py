@@ -46,7 +46,9 @@ def trial(
         compression: run the unit's band-limited layers at this compression for the trial (they
             are set back afterwards); ``None``: as they are.
         rtol: the largest difference allowed, relative to the largest magnitude of each tensor
-            (of a gradient: at least a hundredth of the largest gradient's).
+            (of a gradient: at least a hundredth of the largest gradient's); under ``autocast``
+            at least four units in the last place of its dtype (a GPU's backward may sum in
+            another order between the two runs, and a bf16 result rounds that to a whole unit).
         autocast: ``(device_type, dtype)`` of the autocast the unit ran under in training
             (:attr:`~lightning_bandlimit.recompute.stages.UnitProfile.autocast`): both runs use it,
             so a ``bf16-mixed`` job's samples are tried as they were recorded.
@@ -57,6 +59,8 @@ def trial(
         >>> trial("block", block, (torch.randn(4, 2, 6, 6, requires_grad=True),)) is None
         True
     """
+    if autocast is not None:
+        rtol = max(rtol, 4 * torch.finfo(autocast[1]).eps)
     was_checkpointed = is_checkpointed(unit)
     try:
         with _compression(unit, compression), running_stats_kept(list(unit.modules())):

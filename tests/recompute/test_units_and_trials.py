@@ -127,6 +127,14 @@ class _Counter(nn.Module):
         return self.conv(x) * self.calls
 
 
+class _Wobble(_Counter):
+    """Its recompute differs by a thousandth: beyond float32's tolerance, within bf16's precision."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.conv(x) * (1 + 1e-3 * self.calls)
+
+
 def test_trial_accepts_exact_units_and_rejects_a_unit_whose_recompute_differs() -> None:
     x = torch.randn(4, 2, 6, 6, requires_grad=True)
     block = nn.Sequential(nn.Conv2d(2, 2, 3, padding=1), nn.BatchNorm2d(2), nn.ReLU(), nn.Dropout(0.5))
@@ -148,6 +156,10 @@ def test_trial_judges_samples_recorded_under_bf16_autocast_under_that_autocast()
     assert trial("block", block, (x,), autocast=bf16) is None
     reason = trial("counter", _Counter(), (x,), autocast=bf16)
     assert reason is not None and reason.startswith("counter: checkpointed")
+    # a difference below bf16's precision (a GPU's backward summing in another order) passes
+    # under bf16 autocast, not in float32
+    assert trial("wobble", _Wobble(), (x,), autocast=bf16) is None
+    assert trial("wobble", _Wobble(), (x.float().detach().requires_grad_(),)) is not None
 
 
 def test_trial_runs_band_limited_units_at_the_compression_asked_and_restores_it() -> None:
