@@ -19,7 +19,6 @@ never an error.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Collection
 from typing import Any
@@ -31,6 +30,7 @@ from lightning_bandlimit.recompute.running_stats import running_stats_kept
 from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile
 from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
+from lightning_bandlimit.recompute.trial import replayed
 
 __all__ = ["sampled_savings"]
 
@@ -103,16 +103,10 @@ def _saved(
     """Bytes ``unit`` saves for backward on ``args`` (its input and parameters not counted), run
     plainly, under the autocast the training forward ran with; ``None`` if it raises."""
     was_checkpointed = is_checkpointed(unit)
-    call = pytree.tree_map_only(
-        torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), args
-    )
-    inputs = [t for t in pytree.tree_leaves(call) if isinstance(t, torch.Tensor)]
     params = [p for m in unit.modules() for p in m.parameters(recurse=False)]
-    devices = sorted({t.device.index or 0 for t in inputs if t.device.type == "cuda"})
-    kept = running_stats_kept(list(unit.modules()))
-    cast = contextlib.nullcontext() if autocast is None else torch.autocast(autocast[0], dtype=autocast[1])
     try:  # the job's random streams are left as they were (a unit with dropout draws from them)
-        with kept, torch.random.fork_rng(devices=devices), torch.enable_grad(), cast:
+        with running_stats_kept(list(unit.modules())), replayed(args, autocast) as call:
+            inputs = [t for t in pytree.tree_leaves(call) if isinstance(t, torch.Tensor)]
             uncheckpoint(unit)
             with SavedTensorMeter(exclude=[*params, *inputs]) as meter:
                 out = unit(*call)

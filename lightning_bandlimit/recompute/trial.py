@@ -22,7 +22,7 @@ from lightning_bandlimit.layers.band_limited import BandLimitedConvNd
 from lightning_bandlimit.recompute.running_stats import running_stats_kept
 from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
 
-__all__ = ["trial"]
+__all__ = ["replayed", "trial"]
 
 _SEED = 20231  # any fixed seed: both runs draw the same dropout masks
 _GRADIENT_FLOOR = 1e-2
@@ -102,19 +102,10 @@ def _run(
     unit: Any, args: tuple[Any, ...], autocast: tuple[str, torch.dtype] | None = None
 ) -> tuple[list[Any], list[Any]]:
     params = [p for m in unit.modules() for p in m.parameters(recurse=False) if p.requires_grad]
-    devices = sorted({t.device.index or 0 for t in pytree.tree_leaves(args) if _on_cuda(t)})
-    with torch.random.fork_rng(devices=devices):
+    with replayed(args, autocast) as call:
         torch.manual_seed(_SEED)
-        # fresh leaves: an in-place op in the unit must not change the recorded samples
-        call = pytree.tree_map_only(
-            torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), args
-        )
         inputs = [t for t in pytree.tree_leaves(call) if isinstance(t, torch.Tensor) and t.requires_grad]
-        cast = (
-            contextlib.nullcontext() if autocast is None else torch.autocast(autocast[0], dtype=autocast[1])
-        )
-        with torch.enable_grad(), cast:
-            out = unit(*call)
+        out = unit(*call)
     outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     floats = [t for t in outputs if t.is_floating_point() and t.requires_grad]
     if not floats:
@@ -125,6 +116,21 @@ def _run(
     wanted = [*inputs, *params]
     grads = torch.autograd.grad(loss, wanted, allow_unused=True)
     return [t.detach() for t in outputs], list(grads)
+
+
+@contextlib.contextmanager
+def replayed(args: tuple[Any, ...], autocast: tuple[str, torch.dtype] | None) -> Iterator[tuple[Any, ...]]:
+    """Recorded samples ``args`` as fresh leaves (an in-place op in the unit must not change the
+    samples), to call a unit with gradients on, under the training forward's ``autocast``
+    (``(device_type, dtype)``, as :attr:`~lightning_bandlimit.recompute.stages.UnitProfile.autocast`
+    records it) and with the job's random streams forked (left as they were afterwards)."""
+    devices = sorted({t.device.index or 0 for t in pytree.tree_leaves(args) if _on_cuda(t)})
+    call = pytree.tree_map_only(
+        torch.Tensor, lambda t: t.detach().clone().requires_grad_(t.requires_grad), args
+    )
+    cast = contextlib.nullcontext() if autocast is None else torch.autocast(autocast[0], dtype=autocast[1])
+    with torch.random.fork_rng(devices=devices), torch.enable_grad(), cast:
+        yield call
 
 
 def _on_cuda(t: Any) -> bool:
