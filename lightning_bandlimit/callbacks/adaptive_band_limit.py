@@ -328,9 +328,9 @@ class AdaptiveBandLimit(BandLimit):
             return
         rung, peak = self.rung, self._job_peak  # a restored rung, if any
         self._stages.set_stages(stages)
-        savings = profiling.savings(self._stages, failed)
+        savings, least = profiling.savings(self._stages, failed)
         if not profiling.checkpointed:
-            self.controller.set_stage_savings(savings)  # type: ignore[arg-type]
+            self.controller.set_stage_savings(savings, least)  # type: ignore[arg-type]
             if rung and peak:  # the profiled step ran on rung 0: what it measured is rung 0's
                 self.controller.observe(Setting(0, self.compression), float(peak))
                 self._job_peak = None
@@ -339,7 +339,7 @@ class AdaptiveBandLimit(BandLimit):
             if savings is None:
                 self.controller.set_rungs(len(stages))
             else:  # from the first step's samples
-                self.controller.set_stage_savings(savings)  # type: ignore[arg-type]
+                self.controller.set_stage_savings(savings, least)  # type: ignore[arg-type]
             self.rung = len(stages)
             if profiling.oom_step is not None:
                 self._record_oom(profiling.oom_step)

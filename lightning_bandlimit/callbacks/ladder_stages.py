@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_bandlimit.recompute.sampled_savings import sampled_savings
+from lightning_bandlimit.recompute.sampled_savings import sampled_inputs, sampled_savings
 from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile, checkpoint_units
 from lightning_bandlimit.recompute.trial import trial
 
@@ -103,15 +103,20 @@ class Profiling:
         self.recording = False
         return None if self.oom_step is not None else self.profile.meter.bytes
 
-    def savings(self, stages: CheckpointStages, drop: list[str]) -> list[int] | None:
-        """Bytes checkpointing each stage frees (``drop``: units off the ladder): seen by a plain
-        profile; from the recorded samples of a checkpointed one
-        (:func:`~lightning_bandlimit.recompute.sampled_savings.sampled_savings`), unknown after an
-        out-of-memory error (nothing recorded). The samples are let go."""
+    def savings(self, stages: CheckpointStages, drop: list[str]) -> tuple[list[int] | None, list[int] | None]:
+        """Bytes checkpointing each stage frees (``drop``: units off the ladder), and the least it
+        may free: seen by a plain profile (both); from the recorded samples of a checkpointed one
+        (:func:`~lightning_bandlimit.recompute.sampled_savings.sampled_savings`, an upper figure;
+        less the stages' inputs, :func:`~lightning_bandlimit.recompute.sampled_savings.sampled_inputs`,
+        the least), unknown after an out-of-memory error (nothing recorded). The samples are let go."""
         try:
             if not self.checkpointed:
-                return self.profile.savings(drop=drop)
-            return sampled_savings(stages, self.profile, drop)
+                seen = self.profile.savings(drop=drop)
+                return seen, seen
+            upper, inputs = sampled_savings(stages, self.profile, drop), sampled_inputs(self.profile, drop)
+            if upper is None or inputs is None:
+                return upper, None
+            return upper, [max(0, s - i) for s, i in zip(upper, inputs, strict=True)]
         finally:
             self.profile.inputs.clear()
 

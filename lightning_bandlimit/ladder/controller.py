@@ -58,7 +58,8 @@ at the setting it ran with, with the same thresholds, hysteresis and cooldown as
 
 ``max_slowdown`` caps the time cost: a rung whose measured step time exceeds it (relative to
 rung 0) and every rung above it leave the ladder; the continuum then starts below them. A rung
-measured to free less than a quarter of what its stages keep for backward (the step's peak
+measured to free less than a quarter of what its stages keep for backward (judged against the
+least they may keep, never an upper figure such as the one measured on samples; the step's peak
 lies elsewhere: on the quickstart model checkpointing stages 3-4 after 1-2 frees nothing at the
 peak, at any compression) leaves the ladder the same way, with the rungs above it: it would
 cost recompute time and free nothing. (Beside the climb's hint, the stages' saved bytes serve
@@ -395,6 +396,7 @@ class LadderController(LadderModel):
             "compression_memory": self.compression_memory.state_dict(),
             "rung_seconds": [[r, s] for r, s in sorted(self.rung_seconds.items())],
             "stage_savings": self.stage_savings,
+            "stage_least": self.stage_least,
             "oom_floor": self.oom_floor,
             "continuum_on_top": self.continuum_on_top,
             "calm": self._calm,
@@ -438,5 +440,6 @@ class LadderController(LadderModel):
         self.top = min(int(state.get("top", self.rungs)), self.rungs)
         self.rung_memory.load_state_dict(state.get("rung_memory", {}))
         self.rung_seconds = {int(r): float(s) for r, s in state.get("rung_seconds", [])}
-        savings = state.get("stage_savings")
+        savings, least = state.get("stage_savings"), state.get("stage_least", state.get("stage_savings"))
         self.stage_savings = None if savings is None else [float(s) for s in savings]
+        self.stage_least = None if least is None else [float(s) for s in least]

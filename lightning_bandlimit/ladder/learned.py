@@ -64,24 +64,33 @@ class LadderModel:
         self.continuum_on_top = False
         self.rung_seconds: dict[int, float] = {}  # step time per rung (moving average)
         self.stage_savings: list[float] | None = None  # bytes each stage frees when checkpointed
+        self.stage_least: list[float] | None = None  # and the least it may free (the idle judgement)
         self.last_peak: tuple[Setting, float] | None = None  # the last observation, as measured
         self._previous: tuple[Setting, float] | None = None  # the observation before this one
         # |change| of the peak between consecutive checks at one setting, the last few
         self.peak_jitter: deque[float] = deque(maxlen=_JITTER_CHECKS)
 
-    def set_stage_savings(self, savings: list[float]) -> None:
-        """Bytes each stage frees when checkpointed (stage 1 first), measured once by the caller.
+    def set_stage_savings(self, savings: list[float], least: list[float] | None = None) -> None:
+        """Bytes each stage frees when checkpointed (stage 1 first), measured once by the caller,
+        and the least each may free when ``savings`` is an upper figure (measured on samples, it
+        counts the stage's inputs, which an earlier op may keep anyway): a rung is judged idle
+        against ``least`` (default: ``savings``), never against an upper figure.
 
         One number per stage: the ladder gets one rung per stage. A number of stages other than
         :attr:`rungs` resets what was learned per rung (the model's units changed).
 
         Raises:
-            ValueError: for a negative number.
+            ValueError: for a negative number, or ``least`` of another length or above ``savings``.
         """
-        if any(s < 0 for s in savings):
-            raise ValueError(f"stage savings must be non-negative bytes, got {savings}")
+        if any(s < 0 for s in savings) or (least is not None and any(s < 0 for s in least)):
+            raise ValueError(f"stage savings must be non-negative bytes, got {savings} and least {least}")
+        if least is not None and (len(least) != len(savings) or any(a > b for a, b in zip(least, savings))):
+            raise ValueError(
+                f"least stage savings must be at most the savings, stage by stage, got {least} for {savings}"
+            )
         self.set_rungs(len(savings))
         self.stage_savings = [float(s) for s in savings]
+        self.stage_least = [float(s) for s in (savings if least is None else least)]
 
     def set_rungs(self, rungs: int) -> None:
         """The number of stages, when what each frees is unknown (e.g. measured with all of them
@@ -95,7 +104,7 @@ class LadderModel:
             self.rungs = self.top = rungs
             self.rung_memory = MemoryModel(resolution=1.0)
             self.rung_seconds = {}
-            self.stage_savings = None
+            self.stage_savings = self.stage_least = None
 
     def set_continuum_on_top(self, on_top: bool) -> None:
         """Run the compression continuum on the top rung (``True``: the checkpointed blocks keep
@@ -143,7 +152,7 @@ class LadderModel:
             lower = upper - 1
             if upper not in points or lower not in points:
                 continue
-            kept = self._saved(upper) - self._saved(lower)
+            kept = (self.stage_least or self.stage_savings)[lower]
             freed = points[lower] - points[upper]
             if kept <= 0 or freed >= 0.25 * kept:
                 continue

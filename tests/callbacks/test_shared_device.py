@@ -158,6 +158,12 @@ def test_an_arriving_job_announces_itself_waits_for_room_and_measures_on_its_top
     assert sampled is not None and seen_plain is not None and len(sampled) == len(seen_plain) == 4
     for top, zero in zip(sampled, seen_plain, strict=True):
         assert 0.98 * zero <= top <= 1.6 * zero
+    # rungs are judged idle against the least a stage may free: the samples' figure less its
+    # inputs, at most the plain profile's (which is its own least)
+    least = adaptive.controller.stage_least
+    assert least is not None and alone.controller.stage_least == seen_plain
+    for low, top, zero in zip(least, sampled, seen_plain, strict=True):
+        assert low < top and low <= 1.02 * zero
 
 
 def test_an_arrival_no_peer_makes_room_for_starts_after_the_timeout_with_one_warning(tmp_path: Path) -> None:

@@ -778,6 +778,29 @@ def test_a_rung_that_frees_a_quarter_of_what_its_stages_keep_stays() -> None:
     assert plain.observe(Setting(4, 0.0), 5000) is None and plain.top == 4
 
 
+def test_a_rung_is_judged_idle_against_the_least_its_stage_may_free_not_an_upper_figure() -> None:
+    # from samples (a newcomer's first step on its top rung), stage 2 keeps 36 at most and 24 at
+    # least (less its inputs); rung 2 freed 7.5 over rung 1: under a quarter of 36, over one of 24
+    upper, least = [64.0, 36.0, 18.0, 9.0], [48.0, 24.0, 12.0, 6.0]
+    ladder = LadderController(rungs=4, min_free=10)
+    ladder.set_stage_savings(upper, least)
+    ladder.observe(Setting(1, 0.0), 1077)
+    assert ladder.observe(Setting(2, 0.0), 1069.5) is None and ladder.top == 4  # an exact rung kept
+    restored = LadderController(rungs=4, min_free=10)
+    restored.load_state_dict(ladder.state_dict())
+    assert restored.stage_savings == upper and restored.stage_least == least
+    judged_by_upper = LadderController(rungs=4, min_free=10)
+    judged_by_upper.set_stage_savings(upper)  # the least not given: the savings themselves
+    judged_by_upper.observe(Setting(1, 0.0), 1077)
+    assert judged_by_upper.observe(Setting(2, 0.0), 1069.5) is not None and judged_by_upper.top == 1
+
+
+@pytest.mark.parametrize("least", [[10.0, 30.0], [10.0], [-1.0, 5.0]])
+def test_least_stage_savings_must_be_at_most_the_savings_stage_by_stage(least: list[float]) -> None:
+    with pytest.raises(ValueError, match="least"):
+        LadderController(rungs=2).set_stage_savings([20.0, 20.0], least)
+
+
 def test_a_hinted_rung_is_discounted_by_what_the_last_climb_freed() -> None:
     ladder = _rung0()
     ladder.observe(Setting(1, 0.0), 4850)  # stage 1 keeps 300 for backward; the peak fell by 150
