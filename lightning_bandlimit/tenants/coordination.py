@@ -21,11 +21,13 @@ waits for an answer from another):
 * **Room for an arrival.** A job's memory is unknown until its first step has run; an arriving
   job announces itself (with the bytes it already holds) and runs that step on its top rung.
   While a peer arrives, a job gives nothing back, and it makes room for the peer
-  (:meth:`Coordination.arrivals`): as much as the largest memory any job there measured, less
+  (:meth:`Coordination.arrivals`): as much as the largest memory a job there measured on its
+  top rung (where the newcomer's first step runs), else the largest it measured at all, less
   what the newcomer holds already (jobs sharing a device are often runs of one sweep), by exact
   rungs only (never a compression for memory not measured yet), the cheapest job first by the
-  same rule. The newcomer starts once each peer's check has found that room (room made by a
-  move is confirmed at the check after a step measured it).
+  same rule. A room short by no more than the noise of the job's own peak is room (the
+  estimate is coarser than that). The newcomer starts once each peer's check has found that
+  room (room made by a move is confirmed at the check after a step measured it).
 
 A job with no peers is let through unchanged, as is every hold: alone, a job behaves exactly as
 without the ledger.
@@ -69,6 +71,8 @@ def offer(controller: LadderController, current: Setting) -> dict[str, object]:
     }
     now = controller.predict(current)
     entry["memory"] = None if now is None else int(now)  # its measured peak there
+    top = controller.rung_memory.points.get(controller.top) if controller.top else None
+    entry["top_memory"] = None if top is None else int(top)
     if entry["exact_left"]:
         upper = current.rung + 1
         measured = controller.rung_memory.points
@@ -183,13 +187,17 @@ class Coordination:
         kept = hold if decision.reason == LOWER else decision  # nothing given back while a peer arrives
         known = [float(p.memory) for p in peers if p.memory is not None and not p.arriving]
         known += [*controller.rung_memory.points.values(), *controller.compression_memory.points.values()]
+        tops = [float(p.top_memory) for p in peers if p.top_memory is not None and not p.arriving]
+        mine = controller.rung_memory.points.get(controller.top) if controller.top else None
+        tops += [] if mine is None else [mine]
         if not known:
             return kept, names, None  # nothing measured here: no estimate to make room for
-        need = sum(max(0.0, max(known) - (p.held or 0)) for p in arriving)
+        estimate, measured = (max(tops), " on its top rung") if tops else (max(known), "")
+        need = sum(max(0.0, estimate - (p.held or 0)) for p in arriving)
         low = decision.threshold if controller.min_free_bytes is None else controller.min_free_bytes
         deficit = need + low - decision.free  # to keep min_free free after the arrival
         who = ", ".join(names)
-        if deficit <= 0:
+        if deficit <= controller.peak_noise:  # short by no more than the measurement's noise: room
             return kept, names, None if kept is decision else f"{who} arrives: nothing given back"
         if (recent := self._recent(peers, now)) is not None:  # no room confirmed yet
             return kept, (), recent
@@ -198,7 +206,7 @@ class Coordination:
         target = controller.make_room(current, deficit * (1 + controller.margin))
         if cheaper is not None or target == current:
             return kept, names, cheaper or f"{who} arrives: no exact rung left to make room"
-        why = f"making room for {who}: {deficit / 2**20:.1f} MiB, as much as a job here measured"
+        why = f"making room for {who}: {deficit / 2**20:.1f} MiB, as much as a job here measured{measured}"
         # confirmed at the next check, by a step measured at the new setting
         return Decision(target.rung, target.compression, RAISE, decision.free, decision.threshold), (), why
 

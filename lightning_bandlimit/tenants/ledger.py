@@ -48,6 +48,8 @@ class Tenant:
         next_lossy: whether that move is lossy (a compression; ``None``: no move left).
         next_cost: its measured slowdown per GiB freed (``None``: unknown).
         memory: its own measured memory, bytes (``None``: unknown).
+        top_memory: its measured memory on its top rung, bytes (``None``: not measured there),
+            what an arrival beside it may need for the first step it runs there.
         coordinates: whether it applies the shared rule (a job that only publishes does not).
         arriving: whether it is about to run its first step (its memory not measured yet).
         held: bytes it holds while arriving, before its first step.
@@ -66,6 +68,7 @@ class Tenant:
     next_lossy: bool | None = None
     next_cost: float | None = None
     memory: int | None = None
+    top_memory: int | None = None
     coordinates: bool = False
     arriving: bool = False
     held: int | None = None

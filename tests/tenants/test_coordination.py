@@ -260,3 +260,34 @@ def test_room_for_an_arrival_is_left_to_a_cheaper_peer_and_waits_for_a_recent_ch
     recent = _tenant("a", changed_at=98.0)
     waits, room, why = rule.arrivals(calm, FLOOR, me, [recent, newcomer], 100.0, ladder)
     assert waits == calm and room == () and "within" in why  # not in the readings yet: no room confirmed
+
+
+def test_room_for_an_arrival_is_sized_by_a_top_rung_measured_and_noise_is_not_acted_on() -> None:
+    # the newcomer (holding 1000) runs its first step on its top rung: 2700 where a job measured
+    # it, 300 less than the 3000 measured on rung 0
+    newcomer = _tenant("b", arriving=True, held=1000)
+    calm = Decision(0, 0.0, "hold", free=2000, threshold=200)  # room for 1800 more and min_free
+    rule = Coordination()
+    unmeasured = _ladder()
+    unmeasured.observe(FLOOR, 3000)
+    moved, room, why = rule.arrivals(calm, FLOOR, _tenant("a"), [newcomer], 0.0, unmeasured)
+    assert moved.setting.rung > 0 and room == () and "as much as a job here measured" in why
+    measured = _ladder()
+    measured.observe(Setting(2, 0.0), 2700)
+    measured.observe(FLOOR, 3000)
+    assert offer(measured, FLOOR)["top_memory"] == 2700 and offer(unmeasured, FLOOR)["top_memory"] is None
+    stays, room, _ = rule.arrivals(calm, FLOOR, _tenant("a"), [newcomer], 0.0, measured)
+    assert stays == calm and room == ("b",)
+    # a peer's top rung serves too (runs of one sweep)
+    peer = _tenant("c", memory=3000, top_memory=2700)
+    stays, room, _ = rule.arrivals(calm, FLOOR, _tenant("a"), [peer, newcomer], 0.0, unmeasured)
+    assert stays == calm and room == ("b",)
+    # short by no more than the noise of the job's own peak (50 here): room, without a move
+    noisy = _ladder()
+    noisy.observe(FLOOR, 3000)
+    noisy.observe(FLOOR, 3050)
+    assert noisy.peak_noise == 50
+    for free, confirmed in ((1880, True), (1820, False)):  # 1900 wanted: 20 and 80 short
+        short = Decision(0, 0.0, "hold", free=free, threshold=200)
+        decision, room, _ = rule.arrivals(short, FLOOR, _tenant("a"), [peer, newcomer], 0.0, noisy)
+        assert (decision == short and room == ("b",)) if confirmed else decision.setting.rung > 0
