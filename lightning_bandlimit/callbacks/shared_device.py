@@ -40,8 +40,8 @@ class SharedDevice(Callback):
 
     A job arriving beside coordinating peers announces itself before its first step (which
     measures it), waits up to ``arrival_timeout`` seconds for each peer's check to make room for
-    it (exact rungs only, as much as the largest memory a job there measured, less what the
-    newcomer holds already), and runs that step on its top rung (what each stage frees is then
+    it (exact rungs only, as much as the largest memory a job there measured on its top rung,
+    else at all, less what the newcomer holds already), and runs that step on its top rung (what each stage frees is then
     measured on samples of the units' inputs, so the job gives its rungs back in one change
     when there is room); while it arrives, no peer gives anything back. Under DDP (one entry
     per rank) a job does not announce its arrival.
