@@ -41,10 +41,14 @@ class SharedDevice(Callback):
     A job arriving beside coordinating peers announces itself before its first step (which
     measures it), waits up to ``arrival_timeout`` seconds for each peer's check to make room for
     it (exact rungs only, as much as the largest memory a job there measured on its top rung,
-    else at all, less what the newcomer holds already), and runs that step on its top rung (what each stage frees is then
-    measured on samples of the units' inputs, so the job gives its rungs back in one change
-    when there is room); while it arrives, no peer gives anything back. Under DDP (one entry
-    per rank) a job does not announce its arrival.
+    else at all, less what the newcomer holds already), and runs that step on its top rung
+    (what each stage frees is then measured on samples of the units' inputs, so the job gives
+    its rungs back in one change when there is room); while it arrives, no peer gives anything
+    back. Its top rung was taken before it was measured: at its first check in the hold band
+    it goes down to the fastest exact rung that a run of its model on the device measured to
+    keep ``min_free`` free (:meth:`~lightning_bandlimit.tenants.Coordination.refit`; once, and
+    only the newcomer, which has the most work left: a job that made room keeps it). Under DDP
+    (one entry per rank) a job does not announce its arrival.
 
     Each hold is kept in :attr:`holds` (step, the decision held, why) and said once per reason.
     With ``coordinate=False`` the job only publishes its entry (its process id lets CPU jobs
@@ -96,6 +100,7 @@ class SharedDevice(Callback):
         self._held: int | None = None  # bytes held while arriving (None: not arriving)
         self._room_for: tuple[str, ...] = ()  # arrivals the last check made or found room for
         self._on_top = False  # the first step runs on the top rung (arrived beside peers)
+        self._refit = False  # arrived on its top rung: give back what is not needed, once
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -130,7 +135,7 @@ class SharedDevice(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._adaptive is not None and self.ledger is not None:
             held = held_bytes(self._adaptive.probe, trainer.strategy.root_device)
-            self._on_top = self.arrive(trainer, held)
+            self._on_top = self._refit = self.arrive(trainer, held)
 
     def first_step_on_top(self) -> bool:
         """Whether the job's first step runs on its top rung: it arrived beside coordinating peers."""
@@ -197,6 +202,8 @@ class SharedDevice(Callback):
             else:
                 self._room_for = ()
                 coordinated, why = self.rule.decide(decision, adaptive.setting, me, peers, now)
+                if self._refit and trainer.world_size == 1:
+                    coordinated, why = self._give_back(adaptive, coordinated, why, peers, now)
             if trainer.world_size > 1 and decision.reason in (RAISE, LOWER):
                 # every rank applies the same: a raise if any rank raises, a release if all do
                 held = trainer.strategy.reduce_boolean_decision(why is not None, all=decision.reason == RAISE)
@@ -216,6 +223,21 @@ class SharedDevice(Callback):
         if decision.setting != adaptive.setting or self._room_for != me.room_for:
             self._publish(decision.setting)
         return decision
+
+    def _give_back(
+        self, adaptive: AdaptiveBandLimit, decision: Decision, why: str | None, peers: list[Tenant], at: float
+    ) -> tuple[Decision, str | None]:
+        """The top rung an arrival started on, refitted by a twin's measure (once; a change the
+        ladder decides itself ends the need)."""
+        if decision.reason != HOLD:
+            self._refit = decision.setting == adaptive.setting
+            return decision, why
+        refitted, because = self.rule.refit(decision, adaptive.setting, peers, at, adaptive.controller)
+        if because is None:
+            return decision, why
+        self._refit = False
+        adaptive.controller.notify_change()  # a change the ladder did not decide
+        return refitted, because
 
     @override
     def on_train_batch_end(
@@ -241,8 +263,9 @@ class SharedDevice(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule.state_dict()}
+        return {"rule": self.rule.state_dict(), "refit": self._refit}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.rule.load_state_dict(state_dict.get("rule", {}))
+        self._refit = bool(state_dict.get("refit", False))

@@ -27,7 +27,10 @@ waits for an answer from another):
   rungs only (never a compression for memory not measured yet), the cheapest job first by the
   same rule. A room short by no more than the noise of the job's own peak is room (the
   estimate is coarser than that). The newcomer starts once each peer's check has found that
-  room (room made by a move is confirmed at the check after a step measured it).
+  room (room made by a move is confirmed at the check after a step measured it). The newcomer's
+  top rung was taken before anything of it was measured: at its first check in the hold band it
+  goes down to the fastest rung that a run of its model on the device (a peer whose stages free
+  the same) measured to leave ``min_free`` free (:meth:`Coordination.refit`, once).
 
 A job with no peers is let through unchanged, as is every hold: alone, a job behaves exactly as
 without the ledger.
@@ -71,8 +74,11 @@ def offer(controller: LadderController, current: Setting) -> dict[str, object]:
     }
     now = controller.predict(current)
     entry["memory"] = None if now is None else int(now)  # its measured peak there
-    top = controller.rung_memory.points.get(controller.top) if controller.top else None
+    points = controller.rung_memory.points
+    top = points.get(controller.top) if controller.top else None
     entry["top_memory"] = None if top is None else int(top)
+    entry["rung_peaks"] = tuple((int(r), int(b)) for r, b in sorted(points.items()))
+    entry["stage_least"] = tuple(int(s) for s in controller.stage_least or ())
     if entry["exact_left"]:
         upper = current.rung + 1
         measured = controller.rung_memory.points
@@ -210,6 +216,55 @@ class Coordination:
         # confirmed at the next check, by a step measured at the new setting
         return Decision(target.rung, target.compression, RAISE, decision.free, decision.threshold), (), why
 
+    def refit(
+        self,
+        decision: Decision,
+        current: Setting,
+        peers: Sequence[Tenant],
+        now: float,
+        controller: LadderController,
+    ) -> tuple[Decision, str | None]:
+        """A hold on an exact rung taken before the job was measured (an arrival's top rung) goes
+        down to the fastest exact rung that keeps ``min_free`` free (with the ladder's margin
+        and its peak's noise) by what a run of the same model measured: a peer whose stages
+        free the same (:attr:`Tenant.stage_least`, within 10 %) and that measured both rungs adds
+        its difference to the job's measured peak (the largest such difference). ``decision``
+        unchanged (and ``None``) under pressure or above the hold band, while a peer arrives or
+        changed within ``dwell``, or when no rung is known to fit.
+
+        Example:
+            >>> from lightning_bandlimit.memory.probes import MemoryReading
+            >>> ladder = LadderController(rungs=2, min_free=100, margin=0.0)
+            >>> ladder.set_stage_savings([300.0, 100.0]); ladder.observe(Setting(2, 0.0), 1000)
+            >>> calm = ladder.decide(MemoryReading(total=5000, free=150, source="scripted"), Setting(2, 0.0))
+            >>> peaks = ((0, 1300), (1, 1040), (2, 1000))  # a run of the same model
+            >>> twin = Tenant("a", 1, 0.0, rung_peaks=peaks, stage_least=(300, 100))
+            >>> Coordination().refit(calm, Setting(2, 0.0), [twin], 1.0, ladder)[0].setting  # rung 1: +40
+            Setting(rung=1, compression=0.0)
+        """
+        low = controller.min_free_bytes
+        mine = controller.rung_memory.points
+        if (
+            decision.reason != HOLD
+            or low is None
+            or decision.threshold != low  # above the hold band: the release takes it
+            or current.compression > controller.min_compression
+            or current.rung not in mine
+            or any(p.arriving for p in peers)
+            or self._recent(peers, now) is not None
+        ):
+            return decision, None
+        spare = decision.free - low * (1 + controller.margin) - controller.peak_noise
+        twins = [dict(p.rung_peaks) for p in peers if _same_stages(p.stage_least, controller.stage_least)]
+        for rung in range(current.rung):  # the fastest first
+            added = [t[rung] - t[current.rung] for t in twins if rung in t and current.rung in t]
+            if rung in mine:
+                added = [mine[rung] - mine[current.rung]]
+            if added and max(added) <= spare:
+                why = f"the top rung taken on arrival is more than needed: rung {rung} fits, a twin measured"
+                return Decision(rung, current.compression, LOWER, decision.free, low), why
+        return decision, None
+
     def _recent(self, peers: Sequence[Tenant], now: float) -> str | None:
         """Why to wait for peers that changed within ``dwell`` seconds (``None``: none did)."""
         recent = [p.job for p in peers if now - p.changed_at < self.dwell]
@@ -222,6 +277,13 @@ class Coordination:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.held = int(state.get("held", 0))
+
+
+def _same_stages(theirs: Sequence[float], mine: Sequence[float] | None) -> bool:
+    """Whether two jobs' stages free the same (within 10 %, each): runs of one model."""
+    if not mine or len(theirs) != len(mine):
+        return False
+    return all(abs(a - b) <= 0.1 * max(a, b) for a, b in zip(theirs, mine))
 
 
 def _raise_held(decision: Decision, me: Tenant, peers: Sequence[Tenant]) -> str | None:

@@ -50,6 +50,9 @@ class Tenant:
         memory: its own measured memory, bytes (``None``: unknown).
         top_memory: its measured memory on its top rung, bytes (``None``: not measured there),
             what an arrival beside it may need for the first step it runs there.
+        rung_peaks: its measured peak per exact rung, ``(rung, bytes)`` pairs.
+        stage_least: the least bytes each of its stages frees when checkpointed (its model's
+            fingerprint: a peer with the same is taken for a run of the same model).
         coordinates: whether it applies the shared rule (a job that only publishes does not).
         arriving: whether it is about to run its first step (its memory not measured yet).
         held: bytes it holds while arriving, before its first step.
@@ -69,6 +72,8 @@ class Tenant:
     next_cost: float | None = None
     memory: int | None = None
     top_memory: int | None = None
+    rung_peaks: tuple[tuple[int, int], ...] = ()
+    stage_least: tuple[int, ...] = ()
     coordinates: bool = False
     arriving: bool = False
     held: int | None = None
@@ -89,6 +94,10 @@ class Tenant:
         entry = {k: v for k, v in value.items() if k in names}
         if "room_for" in entry:
             entry["room_for"] = tuple(entry["room_for"] or ())
+        if "rung_peaks" in entry:
+            entry["rung_peaks"] = tuple((int(r), int(b)) for r, b in entry["rung_peaks"] or ())
+        if "stage_least" in entry:
+            entry["stage_least"] = tuple(int(s) for s in entry["stage_least"] or ())
         return cls(**entry)
 
 

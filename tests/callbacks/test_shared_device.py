@@ -222,3 +222,38 @@ def test_what_an_arriving_job_holds_is_its_probes_measure_and_a_failed_probe_cou
     assert (
         held_bytes(ScriptedProbe(free=[TOTAL], total=TOTAL), torch.device("cpu")) == 0
     )  # steps metered alone
+
+
+@pytest.mark.parametrize("twin", [True, False])
+def test_an_arrival_gives_back_its_top_rung_once_by_a_twins_measure(tmp_path: Path, twin: bool) -> None:
+    # 30 MB free of 100: between min_free (20) and release_free (40), where the ladder only holds.
+    # A peer that made room publishes, each step, rung 0 measured 1 MB above the top rung, and the
+    # newcomer's own stages (a twin: a run of the same model) or others
+    folder = tmp_path / "ledger"
+    peer = _peer(folder, memory=50 * M, coordinates=True, room_for=("b-job",))
+    adaptive = AdaptiveBandLimit(probe=ScriptedProbe(free=[30 * M] * 6, total=TOTAL), **SCRIPTED_ADAPTIVE)
+
+    class Twin(Callback):
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            ladder = adaptive.controller
+            top = ladder.rung_memory.points.get(ladder.top)
+            if top is None or ladder.stage_least is None:
+                return
+            least = [int(s) if twin else int(s) // 2 for s in ladder.stage_least]
+            peaks = [(0, int(top) + M), (ladder.top, int(top))]
+            entry = {"memory": 50 * M, "coordinates": True, "room_for": ("b-job",)}
+            peer.publish(**entry, rung_peaks=peaks, stage_least=least)
+
+    shared, steps = SharedDevice(folder, job="b-job"), _Steps()
+    trainer = cpu_trainer(
+        [Twin(), adaptive, shared, steps], default_root_dir=tmp_path, max_steps=6, limit_val_batches=0
+    )
+    data = SyntheticImageDataModule(train_size=64, val_size=8, test_size=8, batch_size=16)
+    trainer.fit(ImageClassifier("cifar_resnet18", width=4), data)
+    assert steps.checkpointed[0] == 8  # arrived on its top rung
+    lowered = [d for d in adaptive.decisions if d["reason"] == "lower"]
+    if not twin:  # another model's measure says nothing of this one: the rung is kept
+        assert lowered == [] and set(steps.checkpointed) == {8}
+        return
+    assert len(lowered) == 1 and lowered[0]["rung"] == 0  # rung 0 at once, and only once
+    assert steps.checkpointed[-1] == 0 and shared.state_dict()["refit"] is False
