@@ -27,7 +27,9 @@ waits for an answer from another):
   rungs only (never a compression for memory not measured yet), the cheapest job first by the
   same rule. A room short by no more than the noise of the job's own peak is room (the
   estimate is coarser than that). The newcomer starts once each peer's check has found that
-  room (room made by a move is confirmed at the check after a step measured it). The newcomer's
+  room (room made by a move is confirmed at the check after a step measured it); room once
+  confirmed is not made again for that newcomer (its first step, in the readings from then on,
+  is what the room was for). The newcomer's
   top rung was taken before anything of it was measured: at its first check in the hold band it
   goes down to the fastest rung that a run of its model on the device (a peer whose stages free
   the same) measured to leave ``min_free`` free (:meth:`Coordination.refit`, once).
@@ -199,7 +201,9 @@ class Coordination:
         if not known:
             return kept, names, None  # nothing measured here: no estimate to make room for
         estimate, measured = (max(tops), " on its top rung") if tops else (max(known), "")
-        need = sum(max(0.0, estimate - (p.held or 0)) for p in arriving)
+        # room this job confirmed already: that newcomer may be running its first step, its
+        # memory is in the readings now (counting it again would make room twice)
+        need = sum(max(0.0, estimate - (p.held or 0)) for p in arriving if p.job not in me.room_for)
         low = decision.threshold if controller.min_free_bytes is None else controller.min_free_bytes
         deficit = need + low - decision.free  # to keep min_free free after the arrival
         who = ", ".join(names)

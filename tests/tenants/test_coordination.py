@@ -291,3 +291,16 @@ def test_room_for_an_arrival_is_sized_by_a_top_rung_measured_and_noise_is_not_ac
         short = Decision(0, 0.0, "hold", free=free, threshold=200)
         decision, room, _ = rule.arrivals(short, FLOOR, _tenant("a"), [peer, newcomer], 0.0, noisy)
         assert (decision == short and room == ("b",)) if confirmed else decision.setting.rung > 0
+
+
+def test_room_once_confirmed_is_not_made_again_while_the_newcomer_runs_its_first_step() -> None:
+    ladder = _ladder()
+    ladder.observe(FLOOR, 3000)
+    newcomer = _tenant("b", arriving=True, held=1000)  # 2000 more, as the job measured
+    # the newcomer's first step is under way: 1500 of its 2000 already in the reading
+    running = Decision(0, 0.0, "hold", free=700, threshold=200)
+    rule = Coordination()
+    kept, room, _ = rule.arrivals(running, FLOOR, _tenant("a", room_for=("b",)), [newcomer], 0.0, ladder)
+    assert kept == running and room == ("b",)  # confirmed before: nothing made twice
+    moved, room, _ = rule.arrivals(running, FLOOR, _tenant("a"), [newcomer], 0.0, ladder)
+    assert moved.setting.rung > 0 and room == ()  # not confirmed yet: room for all 2000
