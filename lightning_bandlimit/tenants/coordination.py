@@ -81,6 +81,7 @@ def offer(controller: LadderController, current: Setting) -> dict[str, object]:
     entry["top_memory"] = None if top is None else int(top)
     entry["rung_peaks"] = tuple((int(r), int(b)) for r, b in sorted(points.items()))
     entry["stage_least"] = tuple(int(s) for s in controller.stage_least or ())
+    entry["stage_most"] = tuple(int(s) for s in controller.stage_savings or ())
     if entry["exact_left"]:
         upper = current.rung + 1
         measured = controller.rung_memory.points
@@ -231,7 +232,8 @@ class Coordination:
         """A hold on an exact rung taken before the job was measured (an arrival's top rung) goes
         down to the fastest exact rung that keeps ``min_free`` free (with the ladder's margin
         and its peak's noise) by what a run of the same model measured: a peer whose stages
-        free the same (:attr:`Tenant.stage_least`, within 10 %) and that measured both rungs adds
+        free the same (the ranges :attr:`Tenant.stage_least` to ``stage_most`` of each stage meet,
+        within 10 %) and that measured both rungs adds
         its difference to the job's measured peak (the largest such difference). ``decision``
         unchanged (and ``None``) under pressure or above the hold band, while a peer arrives or
         changed within ``dwell``, or when no rung is known to fit.
@@ -242,7 +244,7 @@ class Coordination:
             >>> ladder.set_stage_savings([300.0, 100.0]); ladder.observe(Setting(2, 0.0), 1000)
             >>> calm = ladder.decide(MemoryReading(total=5000, free=150, source="scripted"), Setting(2, 0.0))
             >>> peaks = ((0, 1300), (1, 1040), (2, 1000))  # a run of the same model
-            >>> twin = Tenant("a", 1, 0.0, rung_peaks=peaks, stage_least=(300, 100))
+            >>> twin = Tenant("a", 1, 0.0, rung_peaks=peaks, stage_least=(300, 100), stage_most=(300, 100))
             >>> Coordination().refit(calm, Setting(2, 0.0), [twin], 1.0, ladder)[0].setting  # rung 1: +40
             Setting(rung=1, compression=0.0)
         """
@@ -259,7 +261,7 @@ class Coordination:
         ):
             return decision, None
         spare = decision.free - low * (1 + controller.margin) - controller.peak_noise
-        twins = [dict(p.rung_peaks) for p in peers if _same_stages(p.stage_least, controller.stage_least)]
+        twins = [dict(p.rung_peaks) for p in peers if _same_stages(p, controller)]
         for rung in range(current.rung):  # the fastest first
             added = [t[rung] - t[current.rung] for t in twins if rung in t and current.rung in t]
             if rung in mine:
@@ -283,11 +285,15 @@ class Coordination:
         self.held = int(state.get("held", 0))
 
 
-def _same_stages(theirs: Sequence[float], mine: Sequence[float] | None) -> bool:
-    """Whether two jobs' stages free the same (within 10 %, each): runs of one model."""
-    if not mine or len(theirs) != len(mine):
+def _same_stages(peer: Tenant, controller: LadderController) -> bool:
+    """Whether a peer's stages free what this job's do: for each stage, the ranges from the
+    least to the most it may free meet (within 10 %). Runs of one model, one measured in a plain
+    step and one on samples, do; another model's stages do not."""
+    least, most = controller.stage_least, controller.stage_savings
+    if not least or not most or not (len(peer.stage_least) == len(peer.stage_most) == len(least)):
         return False
-    return all(abs(a - b) <= 0.1 * max(a, b) for a, b in zip(theirs, mine))
+    ranges = zip(peer.stage_least, peer.stage_most, least, most)
+    return all(max(a, c) <= 1.1 * min(b, d) for a, b, c, d in ranges)
 
 
 def _raise_held(decision: Decision, me: Tenant, peers: Sequence[Tenant]) -> str | None:

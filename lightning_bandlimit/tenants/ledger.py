@@ -51,8 +51,10 @@ class Tenant:
         top_memory: its measured memory on its top rung, bytes (``None``: not measured there),
             what an arrival beside it may need for the first step it runs there.
         rung_peaks: its measured peak per exact rung, ``(rung, bytes)`` pairs.
-        stage_least: the least bytes each of its stages frees when checkpointed (its model's
-            fingerprint: a peer with the same is taken for a run of the same model).
+        stage_least: the least bytes each of its stages frees when checkpointed, and
+        stage_most: the most (measured in a plain step both are one figure; on samples they
+            differ by the stages' inputs): its model's fingerprint, a peer whose ranges meet
+            this job's is taken for a run of the same model.
         coordinates: whether it applies the shared rule (a job that only publishes does not).
         arriving: whether it is about to run its first step (its memory not measured yet).
         held: bytes it holds while arriving, before its first step.
@@ -74,6 +76,7 @@ class Tenant:
     top_memory: int | None = None
     rung_peaks: tuple[tuple[int, int], ...] = ()
     stage_least: tuple[int, ...] = ()
+    stage_most: tuple[int, ...] = ()
     coordinates: bool = False
     arriving: bool = False
     held: int | None = None
@@ -96,8 +99,9 @@ class Tenant:
             entry["room_for"] = tuple(entry["room_for"] or ())
         if "rung_peaks" in entry:
             entry["rung_peaks"] = tuple((int(r), int(b)) for r, b in entry["rung_peaks"] or ())
-        if "stage_least" in entry:
-            entry["stage_least"] = tuple(int(s) for s in entry["stage_least"] or ())
+        for key in ("stage_least", "stage_most"):
+            if key in entry:
+                entry[key] = tuple(int(s) for s in entry[key] or ())
         return cls(**entry)
 
 

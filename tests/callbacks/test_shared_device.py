@@ -239,10 +239,10 @@ def test_an_arrival_gives_back_its_top_rung_once_by_a_twins_measure(tmp_path: Pa
             top = ladder.rung_memory.points.get(ladder.top)
             if top is None or ladder.stage_least is None:
                 return
-            least = [int(s) if twin else int(s) // 2 for s in ladder.stage_least]
+            least = [int(s) if twin else int(s) // 3 for s in ladder.stage_least]
             peaks = [(0, int(top) + M), (ladder.top, int(top))]
             entry = {"memory": 50 * M, "coordinates": True, "room_for": ("b-job",)}
-            peer.publish(**entry, rung_peaks=peaks, stage_least=least)
+            peer.publish(**entry, rung_peaks=peaks, stage_least=least, stage_most=least)
 
     shared, steps = SharedDevice(folder, job="b-job"), _Steps()
     trainer = cpu_trainer(

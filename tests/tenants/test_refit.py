@@ -20,8 +20,9 @@ def _ladder(free: int, setting: Setting = TOP, peak: float = 1067.0) -> tuple[La
     return ladder, ladder.decide(MemoryReading(total=5000, free=free, source="scripted"), setting)
 
 
-def _twin(job: str = "a", **kwargs: object) -> Tenant:
-    entry = {"memory": 1066, "rung_peaks": TWIN_PEAKS, "stage_least": (48, 24, 12, 6), **kwargs}
+def _twin(job: str = "a", stages: tuple[int, ...] = (48, 24, 12, 6), **kwargs: object) -> Tenant:
+    """A peer measured in a plain step (the least and the most each stage frees are one figure)."""
+    entry = {"memory": 1066, "rung_peaks": TWIN_PEAKS, "stage_least": stages, "stage_most": stages, **kwargs}
     return Tenant(job=job, pid=1, heartbeat=0.0, **entry)  # type: ignore[arg-type]
 
 
@@ -43,12 +44,15 @@ def test_without_a_twin_that_measured_the_rungs_nothing_is_refitted() -> None:
     rule = Coordination()
     for peers in (
         [],
-        [_twin(stage_least=(48, 24, 12))],  # another model: other stages
-        [_twin(stage_least=(30, 24, 12, 6))],  # another model: stage 1 frees less
+        [_twin(stages=(48, 24, 12))],  # another model: other stages
+        [_twin(stages=(30, 24, 12, 6))],  # another model: stage 1 frees less
+        [_twin(stage_most=(48, 24, 12))],  # an entry that does not add up
         [_twin(rung_peaks=((0, 1123), (1, 1075)))],  # not measured on rung 4 (the job's rung)
     ):
         assert rule.refit(hold, TOP, peers, 0.0, ladder) == (hold, None)
-    assert rule.refit(hold, TOP, [_twin(stage_least=(50, 25, 12, 6))], 0.0, ladder)[0].setting.rung == 0
+    # the same model: its figures within this job's ranges [48, 64], [24, 36], ... (10 % either side)
+    for stages in ((50, 25, 12, 6), (45, 23, 11, 6), (64, 36, 18, 9)):
+        assert rule.refit(hold, TOP, [_twin(stages=stages)], 0.0, ladder)[0].setting.rung == 0
 
 
 def test_nothing_is_refitted_while_a_peer_arrives_or_changed_lately() -> None:
@@ -78,4 +82,5 @@ def test_offer_publishes_the_measured_rungs_and_the_stages_least() -> None:
     ladder.observe(Setting(0, 0.0), 1123)
     entry = offer(ladder, TOP)
     assert entry["rung_peaks"] == ((0, 1123), (4, 1067)) and entry["stage_least"] == (48, 24, 12, 6)
+    assert entry["stage_most"] == (64, 36, 18, 9)
     assert entry["top_memory"] == 1067
