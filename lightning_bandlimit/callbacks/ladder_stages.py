@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_bandlimit.recompute.sampled_savings import sampled_inputs, sampled_savings
+from lightning_bandlimit.recompute.sampled_savings import sampled_savings
 from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile, checkpoint_units
 from lightning_bandlimit.recompute.trial import trial
 
@@ -107,15 +107,18 @@ class Profiling:
         """Bytes checkpointing each stage frees (``drop``: units off the ladder), and the least it
         may free: seen by a plain profile (both); from the recorded samples of a checkpointed one
         (:func:`~lightning_bandlimit.recompute.sampled_savings.sampled_savings`, an upper figure;
-        less the stages' inputs, :func:`~lightning_bandlimit.recompute.sampled_savings.sampled_inputs`,
-        the least), unknown after an out-of-memory error (nothing recorded). The samples are let go."""
+        less the stages' inputs as the profile measured them, the least), unknown after an
+        out-of-memory error (nothing recorded). The samples are let go."""
         try:
             if not self.checkpointed:
                 seen = self.profile.savings(drop=drop)
                 return seen, seen
-            upper, inputs = sampled_savings(stages, self.profile, drop), sampled_inputs(self.profile, drop)
-            if upper is None or inputs is None:
-                return upper, None
+            upper = sampled_savings(stages, self.profile, drop)
+            if upper is None:
+                return None, None
+            inputs = [
+                sum(self.profile.input_bytes.get(n, 0) for n in stage) for stage in self.profile.stages(drop)
+            ]
             return upper, [max(0, s - i) for s, i in zip(upper, inputs, strict=True)]
         finally:
             self.profile.inputs.clear()

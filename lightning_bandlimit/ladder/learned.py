@@ -146,13 +146,13 @@ class LadderModel:
         """Judge each measured rung against the measured rung just below it (a jump over
         several rungs says nothing of each stage); the lowest idle one leaves, with those above."""
         points = self.rung_memory.points
-        if self.stage_savings is None or rung > self.top:
+        if self.stage_least is None or rung > self.top:
             return None
         for upper in range(1, self.top + 1):
             lower = upper - 1
             if upper not in points or lower not in points:
                 continue
-            kept = (self.stage_least or self.stage_savings)[lower]
+            kept = self.stage_least[lower]
             freed = points[lower] - points[upper]
             if kept <= 0 or freed >= 0.25 * kept:
                 continue

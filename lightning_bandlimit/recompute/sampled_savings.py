@@ -32,7 +32,7 @@ from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile
 from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
 from lightning_bandlimit.recompute.trial import replayed
 
-__all__ = ["sampled_inputs", "sampled_savings"]
+__all__ = ["sampled_savings"]
 
 
 def sampled_savings(
@@ -74,36 +74,6 @@ def sampled_savings(
                 return None
             per_unit[name] = saved
     return [sum(per_unit[name] for name in stage) for stage in profile.stages(drop)]
-
-
-def sampled_inputs(profile: UnitProfile, drop: Collection[str] = ()) -> list[int] | None:
-    """Bytes of each stage's unit inputs at the batch, from the recorded samples: what
-    :func:`sampled_savings` may count above a plain profile (an input an earlier op keeps anyway);
-    ``None`` when a unit has no samples.
-
-    Example:
-        >>> from lightning_bandlimit.models import cifar_resnet18
-        >>> from lightning_bandlimit.recompute.stages import checkpoint_units
-        >>> model = cifar_resnet18(width=4)
-        >>> stages = CheckpointStages(checkpoint_units(model))
-        >>> with stages.profile(exclude=model.parameters(), checkpointed=True, record=2) as profile:
-        ...     _ = model(torch.rand(8, 3, 32, 32))
-        >>> sampled_inputs(profile)[0] == 2 * 8 * 4 * 32 * 32 * 4  # two units, 8 x 4 x 32 x 32 floats each
-        True
-    """
-    per_stage = []
-    for stage in profile.stages(drop):
-        total = 0
-        for name in stage:
-            args = profile.inputs.get(name)
-            if args is None:
-                return None
-            tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
-            n = tensors[0].shape[0] if tensors and tensors[0].dim() else 1
-            batch = profile.batch.get(name) or n
-            total += math.ceil(sum(t.numel() * t.element_size() for t in tensors) * batch / max(1, n))
-        per_stage.append(total)
-    return per_stage
 
 
 def _at_batch(

@@ -77,17 +77,16 @@ def offer(controller: LadderController, current: Setting) -> dict[str, object]:
     now = controller.predict(current)
     entry["memory"] = None if now is None else int(now)  # its measured peak there
     points = controller.rung_memory.points
-    top = points.get(controller.top) if controller.top else None
+    top = _top_memory(controller)
     entry["top_memory"] = None if top is None else int(top)
     entry["rung_peaks"] = tuple((int(r), int(b)) for r, b in sorted(points.items()))
     entry["stage_least"] = tuple(int(s) for s in controller.stage_least or ())
     entry["stage_most"] = tuple(int(s) for s in controller.stage_savings or ())
     if entry["exact_left"]:
         upper = current.rung + 1
-        measured = controller.rung_memory.points
         freed = None
-        if now is not None and upper in measured:
-            freed = now - measured[upper]
+        if now is not None and upper in points:
+            freed = now - points[upper]
         elif controller.stage_savings is not None:
             freed = controller.stage_savings[current.rung]
         slower = controller.slowdown(upper)
@@ -197,7 +196,7 @@ class Coordination:
         known = [float(p.memory) for p in peers if p.memory is not None and not p.arriving]
         known += [*controller.rung_memory.points.values(), *controller.compression_memory.points.values()]
         tops = [float(p.top_memory) for p in peers if p.top_memory is not None and not p.arriving]
-        mine = controller.rung_memory.points.get(controller.top) if controller.top else None
+        mine = _top_memory(controller)
         tops += [] if mine is None else [mine]
         if not known:
             return kept, names, None  # nothing measured here: no estimate to make room for
@@ -283,6 +282,11 @@ class Coordination:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.held = int(state.get("held", 0))
+
+
+def _top_memory(controller: LadderController) -> float | None:
+    """The job's measured peak on its top rung (``None``: not measured there, or no rungs)."""
+    return controller.rung_memory.points.get(controller.top) if controller.top else None
 
 
 def _same_stages(peer: Tenant, controller: LadderController) -> bool:
