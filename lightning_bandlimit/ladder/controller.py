@@ -347,21 +347,33 @@ class LadderController(LadderModel):
 
     def make_room(self, current: Setting, deficit: float) -> Setting:
         """The least exact rung above ``current`` predicted (measured, else hinted) to free
-        ``deficit`` bytes, else the top rung; never a compression (``current`` when no exact
-        rung is left): room for memory not measured yet, such as another job's arrival.
+        ``deficit`` bytes; else the next rung not measured yet, to be measured before the next
+        move (room for memory not measured yet, such as another job's arrival, is not urgent:
+        the newcomer waits, and the rungs learned on the way, the idle ones among them, serve
+        this job and a later run of its model); else the top rung. Never a compression
+        (``current`` when no exact rung is left).
 
         Example:
-            >>> ladder = LadderController(rungs=2, min_free=100)
-            >>> ladder.set_stage_savings([300.0, 100.0]); ladder.observe(Setting(0, 0.0), 1000)
-            >>> ladder.make_room(Setting(0, 0.0), 200.0), ladder.make_room(Setting(0, 0.0), 5000.0)
-            (Setting(rung=1, compression=0.0), Setting(rung=2, compression=0.0))
+            >>> ladder = LadderController(rungs=3, min_free=100)
+            >>> ladder.set_stage_savings([300.0, 100.0, 50.0]); ladder.observe(Setting(0, 0.0), 1000)
+            >>> ladder.make_room(Setting(0, 0.0), 200.0)  # rung 1's stage keeps 300: hinted enough
+            Setting(rung=1, compression=0.0)
+            >>> ladder.make_room(Setting(0, 0.0), 5000.0)  # none is: one rung, measured first
+            Setting(rung=1, compression=0.0)
+            >>> ladder.observe(Setting(1, 0.0), 700); ladder.make_room(Setting(1, 0.0), 5000.0)
+            Setting(rung=2, compression=0.0)
         """
         if current.compression > self.min_compression or current.rung >= self.top:
             return current
-        target = self._escalate(current, deficit)
-        return (
-            target if target.compression <= self.min_compression else Setting(self.top, current.compression)
-        )
+        now, measured = self.predict(current), self.rung_memory.points
+        if now is None:
+            return Setting(self.top, self.min_compression)
+        for rung in range(current.rung + 1, self.top + 1):
+            freed = now - measured[rung] if rung in measured else self._hinted_saving(rung, now)
+            if freed is not None and freed >= deficit:
+                return Setting(rung, self.min_compression)
+        unvisited = [r for r in range(current.rung + 1, self.top + 1) if r not in measured]
+        return Setting(unvisited[0] if unvisited else self.top, self.min_compression)
 
     def notify_change(self) -> None:
         """Restart the cooldown after a change this controller did not decide (another rank's,

@@ -143,25 +143,45 @@ class LadderModel:
         return max(self.peak_jitter, default=0.0)
 
     def _drop_idle_rungs(self, rung: int) -> str | None:
-        """Judge each measured rung against the measured rung just below it (a jump over
-        several rungs says nothing of each stage); the lowest idle one leaves, with those above."""
-        points = self.rung_memory.points
+        """The lowest idle rung (:meth:`idle_from`) leaves the ladder, with those above."""
         if self.stage_least is None or rung > self.top:
             return None
-        for upper in range(1, self.top + 1):
+        upper = self.idle_from()
+        if upper is None or upper > self.top:
+            return None
+        lower = upper - 1
+        kept = self.stage_least[lower]
+        freed = self.rung_memory.points[lower] - self.rung_memory.points[upper]
+        self._lower_top(lower)
+        freed_text = f"freed {freed / 2**20:.1f} MiB" if freed > 0 else "freed nothing"
+        return (
+            f"rung {upper} {freed_text} at the step's peak over rung {lower}, for {kept / 2**20:.1f} "
+            f"MiB its stage keeps for backward; the ladder's top rung is now {lower}"
+        )
+
+    def idle_from(self) -> int | None:
+        """The lowest rung measured to free less than a quarter of the least its stage may free,
+        over the measured rung just below it (a jump over several rungs says nothing of each
+        stage); ``None``: none. It and the rungs above it free nothing worth their recompute.
+
+        Example:
+            >>> model = LadderModel(rungs=3)
+            >>> model.set_stage_savings([400.0, 200.0, 100.0])
+            >>> for rung, peak in [(0, 1000), (1, 620), (2, 600)]:
+            ...     _ = model.observe(Setting(rung, 0.0), peak)
+            >>> model.idle_from(), model.top  # rung 2 freed 20 of stage 2's 200
+            (2, 1)
+        """
+        points = self.rung_memory.points
+        if self.stage_least is None:
+            return None
+        for upper in range(1, self.rungs + 1):
             lower = upper - 1
             if upper not in points or lower not in points:
                 continue
             kept = self.stage_least[lower]
-            freed = points[lower] - points[upper]
-            if kept <= 0 or freed >= 0.25 * kept:
-                continue
-            self._lower_top(lower)
-            freed_text = f"freed {freed / 2**20:.1f} MiB" if freed > 0 else "freed nothing"
-            return (
-                f"rung {upper} {freed_text} at the step's peak over rung {lower}, for {kept / 2**20:.1f} "
-                f"MiB its stage keeps for backward; the ladder's top rung is now {lower}"
-            )
+            if kept > 0 and points[lower] - points[upper] < 0.25 * kept:
+                return upper
         return None
 
     def agree_top(self, top: int) -> None:

@@ -25,14 +25,19 @@ waits for an answer from another):
   top rung (where the newcomer's first step runs), else the largest it measured at all, less
   what the newcomer holds already (jobs sharing a device are often runs of one sweep), by exact
   rungs only (never a compression for memory not measured yet), the cheapest job first by the
-  same rule. A room short by no more than the noise of the job's own peak is room (the
-  estimate is coarser than that). The newcomer starts once each peer's check has found that
+  same rule; when no rung is known to make the room, one rung a check, each measured before
+  the next (the newcomer waits, so there is time to learn which rungs free memory, and which
+  free nothing and leave the ladder). A room short by no more than the noise of the job's own
+  peak is room (the estimate is coarser than that). The newcomer starts once each peer's check has found that
   room (room made by a move is confirmed at the check after a step measured it); room once
   confirmed is not made again for that newcomer (its first step, in the readings from then on,
   is what the room was for). The newcomer's
   top rung was taken before anything of it was measured: at its first check in the hold band it
   goes down to the fastest rung that a run of its model on the device (a peer whose stages free
-  the same) measured to leave ``min_free`` free (:meth:`Coordination.refit`, once).
+  the same) measured to leave ``min_free`` free (:meth:`Coordination.refit`, once); the rungs
+  from one the peer measured idle up need the rung below's memory, by the ladder's own rule.
+* **A rung that frees nothing is not given**: going down from a rung measured idle to the one
+  below it is let through at once, arrival or not (the same memory, faster).
 
 A job with no peers is let through unchanged, as is every hold: alone, a job behaves exactly as
 without the ledger.
@@ -82,6 +87,7 @@ def offer(controller: LadderController, current: Setting) -> dict[str, object]:
     entry["rung_peaks"] = tuple((int(r), int(b)) for r, b in sorted(points.items()))
     entry["stage_least"] = tuple(int(s) for s in controller.stage_least or ())
     entry["stage_most"] = tuple(int(s) for s in controller.stage_savings or ())
+    entry["idle_from"] = controller.idle_from()
     if entry["exact_left"]:
         upper = current.rung + 1
         freed = None
@@ -150,7 +156,7 @@ class Coordination:
     ) -> tuple[str | None, bool]:
         """Why to hold (``None``: no reason) and whether the hold is firm (patience does not end
         it: an exact rung kept while a peer compresses)."""
-        if decision.reason not in (RAISE, LOWER):
+        if decision.reason not in (RAISE, LOWER) or _same_memory(decision, me):
             return None, False
         if (recent := self._recent(peers, now)) is not None:
             return recent, False
@@ -192,7 +198,8 @@ class Coordination:
         if not arriving or decision.reason == RAISE:
             return decision, (), None
         hold = Decision(current.rung, current.compression, HOLD, decision.free, decision.threshold)
-        kept = hold if decision.reason == LOWER else decision  # nothing given back while a peer arrives
+        # nothing given back while a peer arrives (a rung that frees nothing is not giving)
+        kept = hold if decision.reason == LOWER and not _same_memory(decision, me) else decision
         known = [float(p.memory) for p in peers if p.memory is not None and not p.arriving]
         known += [*controller.rung_memory.points.values(), *controller.compression_memory.points.values()]
         tops = [float(p.top_memory) for p in peers if p.top_memory is not None and not p.arriving]
@@ -229,8 +236,8 @@ class Coordination:
         controller: LadderController,
     ) -> tuple[Decision, str | None]:
         """A hold on an exact rung taken before the job was measured (an arrival's top rung) goes
-        down to the fastest exact rung that keeps ``min_free`` free (with the ladder's margin
-        and its peak's noise) by what a run of the same model measured: a peer whose stages
+        down to the fastest exact rung that keeps ``min_free`` free (with the ladder's margin,
+        on both, and its peak's noise) by what a run of the same model measured: a peer whose stages
         free the same (the ranges :attr:`Tenant.stage_least` to ``stage_most`` of each stage meet,
         within 10 %) and that measured both rungs adds
         its difference to the job's measured peak (the largest such difference). ``decision``
@@ -260,12 +267,12 @@ class Coordination:
         ):
             return decision, None
         spare = decision.free - low * (1 + controller.margin) - controller.peak_noise
-        twins = [dict(p.rung_peaks) for p in peers if _same_stages(p, controller)]
+        twins = [_twin_peaks(p, controller.rungs) for p in peers if _same_stages(p, controller)]
         for rung in range(current.rung):  # the fastest first
             added = [t[rung] - t[current.rung] for t in twins if rung in t and current.rung in t]
             if rung in mine:
                 added = [mine[rung] - mine[current.rung]]
-            if added and max(added) <= spare:
+            if added and max(added) * (1 + controller.margin) <= spare:  # a measure has its noise too
                 why = f"the top rung taken on arrival is more than needed: rung {rung} fits, a twin measured"
                 return Decision(rung, current.compression, LOWER, decision.free, low), why
         return decision, None
@@ -289,6 +296,18 @@ def _top_memory(controller: LadderController) -> float | None:
     return controller.rung_memory.points.get(controller.top) if controller.top else None
 
 
+def _twin_peaks(peer: Tenant, rungs: int) -> dict[int, int]:
+    """A twin's measured peak per rung, and on the rungs from its idle one up (measured to free
+    next to nothing over the rung below, :attr:`Tenant.idle_from`) the rung below's: the
+    ladder's own rule for a rung above its top (the same memory, faster)."""
+    peaks = dict(peer.rung_peaks)
+    idle = peer.idle_from
+    if idle is not None and idle - 1 in peaks:
+        for rung in range(idle, rungs + 1):
+            peaks.setdefault(rung, peaks[idle - 1])
+    return peaks
+
+
 def _same_stages(peer: Tenant, controller: LadderController) -> bool:
     """Whether a peer's stages free what this job's do: for each stage, the ranges from the
     least to the most it may free meet (within 10 %). Runs of one model, one measured in a plain
@@ -298,6 +317,19 @@ def _same_stages(peer: Tenant, controller: LadderController) -> bool:
         return False
     ranges = zip(peer.stage_least, peer.stage_most, least, most)
     return all(max(a, c) <= 1.1 * min(b, d) for a, b, c, d in ranges)
+
+
+def _same_memory(decision: Decision, me: Tenant) -> bool:
+    """Whether ``decision`` goes down from a rung measured idle (:attr:`Tenant.idle_from`, or
+    one above it) to the rung below it: the same memory, faster, nothing for peers to weigh."""
+    idle = me.idle_from
+    return (
+        decision.reason == LOWER
+        and idle is not None
+        and me.rung >= idle
+        and decision.rung == idle - 1
+        and decision.compression == me.compression
+    )
 
 
 def _raise_held(decision: Decision, me: Tenant, peers: Sequence[Tenant]) -> str | None:

@@ -55,6 +55,8 @@ class Tenant:
         stage_most: the most (measured in a plain step both are one figure; on samples they
             differ by the stages' inputs): its model's fingerprint, a peer whose ranges meet
             this job's is taken for a run of the same model.
+        idle_from: the lowest rung its ladder measured to free next to nothing over the rung
+            below (``None``: none): it and the rungs above need that rung's memory.
         coordinates: whether it applies the shared rule (a job that only publishes does not).
         arriving: whether it is about to run its first step (its memory not measured yet).
         held: bytes it holds while arriving, before its first step.
@@ -77,6 +79,7 @@ class Tenant:
     rung_peaks: tuple[tuple[int, int], ...] = ()
     stage_least: tuple[int, ...] = ()
     stage_most: tuple[int, ...] = ()
+    idle_from: int | None = None
     coordinates: bool = False
     arriving: bool = False
     held: int | None = None

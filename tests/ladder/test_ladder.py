@@ -767,6 +767,34 @@ def test_rungs_that_free_nothing_measured_leave_the_ladder_and_the_continuum_mov
     assert ladder.state_dict()["top"] == 2
 
 
+def test_the_idle_rung_is_kept_after_it_left_the_ladder() -> None:
+    ladder = _rung0()  # stages keep 300, 200, 100, 50 bytes
+    assert ladder.idle_from() is None
+    for rung, peak in [(1, 4700), (2, 4520), (3, 4510)]:
+        ladder.observe(Setting(rung, 0.0), peak)
+    assert ladder.top == 2 and ladder.idle_from() == 3  # what a peer reads of it (the ledger)
+    ladder.observe(Setting(2, 0.0), 4521)  # judged again at the top: still the same rung
+    assert ladder.top == 2 and ladder.idle_from() == 3
+
+
+def test_room_for_an_arrival_is_made_a_measured_rung_at_a_time_unless_a_rung_is_known_to_do() -> None:
+    ladder = _rung0()  # 5000 at rung 0; stages keep 300, 200, 100, 50 (hints)
+    assert ladder.make_room(FLOOR, 450.0) == Setting(2, 0.0)  # hinted enough: straight there
+    assert ladder.make_room(FLOOR, 2000.0) == Setting(1, 0.0)  # none is: the next rung, measured
+    ladder.observe(Setting(1, 0.0), 4700)
+    ladder.observe(Setting(3, 0.0), 4400)  # measured before, frees 600
+    assert ladder.make_room(Setting(1, 0.0), 250.0) == Setting(3, 0.0)  # rung 3 is measured to do
+    assert ladder.make_room(Setting(1, 0.0), 2000.0) == Setting(2, 0.0)  # the next one not measured
+    ladder.observe(Setting(2, 0.0), 4450)
+    ladder.observe(Setting(4, 0.0), 4360)
+    assert ladder.make_room(Setting(1, 0.0), 2000.0) == Setting(4, 0.0)  # all measured: the most
+    assert ladder.make_room(Setting(4, 0.0), 2000.0) == Setting(4, 0.0)  # nothing exact left
+    assert ladder.make_room(Setting(1, 0.3), 2000.0) == Setting(1, 0.3)  # never from a compression
+    unmeasured = _rung0()
+    unmeasured.rung_memory = type(unmeasured.rung_memory)(resolution=1.0)
+    assert unmeasured.make_room(FLOOR, 2000.0) == Setting(4, 0.0)  # its own memory unknown: the top
+
+
 def test_a_rung_that_frees_a_quarter_of_what_its_stages_keep_stays() -> None:
     ladder = _rung0()
     ladder.observe(Setting(1, 0.0), 4700)

@@ -199,14 +199,15 @@ def _arrival(tmp_path: Path, coordinate: bool) -> tuple[Setting, tuple[str, ...]
     """A job at rung 0 alone on a device of 5650 bytes; a newcomer holding 1000 (its memory at
     rung 0 is 3000, as the job's) announces itself. Returns the job's setting after its check,
     the arrivals it confirmed room for, and the free memory during the newcomer's first step
-    (on its top rung when coordinated, else on rung 0)."""
+    (on its top rung when coordinated, else on rung 0). No rung is hinted to make the room: the
+    job climbs one rung a check, each measured before the next."""
     total = 5650
     ladder = _ladder()
     ladder.observe(FLOOR, _memory(FLOOR))
     job, newcomer = Ledger(tmp_path, "gpu-0", job="a"), Ledger(tmp_path, "gpu-0", job="b")
     newcomer.publish(arriving=True, held=1000, coordinates=True)
     setting, room, rule = FLOOR, (), Coordination()
-    for _ in range(2):  # two checks of the job; the newcomer waits for its room
+    for _ in range(3):  # the job's checks: a rung at a time, measured; the newcomer waits for its room
         free = int(total - _memory(setting) - 1000)
         ladder.observe(setting, _memory(setting))
         decision = ladder.decide(MemoryReading(total, free, "scripted"), setting)
@@ -304,3 +305,21 @@ def test_room_once_confirmed_is_not_made_again_while_the_newcomer_runs_its_first
     assert kept == running and room == ("b",)  # confirmed before: nothing made twice
     moved, room, _ = rule.arrivals(running, FLOOR, _tenant("a"), [newcomer], 0.0, ladder)
     assert moved.setting.rung > 0 and room == ()  # not confirmed yet: room for all 2000
+
+
+def test_going_down_from_an_idle_rung_is_nobodys_business() -> None:
+    # rung 3 measured to free nothing over rung 2: down to 2 is the same memory, faster
+    rule, ladder = Coordination(), _ladder()
+    ladder.observe(FLOOR, 3000)
+    me = _tenant("b", rung=3, idle_from=3)
+    down = Decision(2, 0.0, "lower", free=300, threshold=200)
+    lossy_peer = _tenant("a", rung=0, compression=0.4, lossy=True)  # would hold any other release
+    assert rule.decide(down, Setting(3, 0.0), me, [lossy_peer], 0.0) == (down, None)
+    arriving = _tenant("c", arriving=True, held=2900)
+    assert rule.arrivals(down, Setting(3, 0.0), me, [arriving], 0.0, ladder)[0] == down
+    # a release below the idle rung's neighbour is a release as any other
+    further = Decision(1, 0.0, "lower", free=300, threshold=200)
+    assert rule.decide(further, Setting(3, 0.0), me, [lossy_peer], 0.0)[0].reason == "hold"
+    assert rule.arrivals(further, Setting(3, 0.0), me, [arriving], 0.0, ladder)[0].reason == "hold"
+    not_idle = _tenant("b", rung=3)
+    assert rule.decide(down, Setting(3, 0.0), not_idle, [lossy_peer], 0.0)[0].reason == "hold"

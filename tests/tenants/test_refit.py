@@ -12,9 +12,11 @@ LEAST = [48.0, 24.0, 12.0, 6.0]
 TWIN_PEAKS = ((0, 1123), (1, 1075), (4, 1066))
 
 
-def _ladder(free: int, setting: Setting = TOP, peak: float = 1067.0) -> tuple[LadderController, Decision]:
+def _ladder(
+    free: int, setting: Setting = TOP, peak: float = 1067.0, margin: float = 0.0
+) -> tuple[LadderController, Decision]:
     """A newcomer measured once on ``setting``: stages from samples (upper) and their least."""
-    ladder = LadderController(rungs=4, min_free=12, release_free=74, margin=0.0)
+    ladder = LadderController(rungs=4, min_free=12, release_free=74, margin=margin)
     ladder.set_stage_savings([64.0, 36.0, 18.0, 9.0], LEAST)
     ladder.observe(setting, peak)
     return ladder, ladder.decide(MemoryReading(total=5000, free=free, source="scripted"), setting)
@@ -77,10 +79,36 @@ def test_only_a_hold_in_the_hold_band_on_a_measured_exact_rung_is_refitted() -> 
     assert rule.refit(hold, TOP, [_twin()], 0.0, ladder) == (hold, None)  # rungs 2-3: nobody measured
 
 
+def test_a_twin_that_found_its_upper_rungs_idle_vouches_for_the_rung_below_them() -> None:
+    # the quickstart model as measured (MiB): rungs 3-4 free nothing over rung 2; the twin
+    # climbed rung by rung to make room, judged rung 3 idle and never ran rung 4
+    twin = _twin(rung_peaks=((0, 1123), (1, 1075), (2, 1066), (3, 1066)), idle_from=3)
+    ladder, hold = _ladder(free=18)  # 6 over min_free: rung 2 (+0) fits, rung 1 (+9) does not
+    refitted, why = Coordination().refit(hold, TOP, [twin], 0.0, ladder)
+    assert refitted.setting == Setting(2, 0.0) and "rung 2" in why
+    ladder, hold = _ladder(free=40)  # rung 1 (+9 over rung 2's memory) fits too
+    assert Coordination().refit(hold, TOP, [twin], 0.0, ladder)[0].setting == Setting(1, 0.0)
+    # the margin on the twin's measure too: with 10 %, rung 1 needs 9.9 of the 9.8 spare
+    ladder, hold = _ladder(free=23, margin=0.1)  # 23 - 12 * 1.1
+    assert Coordination().refit(hold, TOP, [twin], 0.0, ladder)[0].setting == Setting(2, 0.0)
+    ladder, hold = _ladder(free=24, margin=0.1)
+    assert Coordination().refit(hold, TOP, [twin], 0.0, ladder)[0].setting == Setting(1, 0.0)
+    # no idle rung judged: rung 4's memory is not known from rungs 0-3
+    unjudged = _twin(rung_peaks=((0, 1123), (1, 1075), (2, 1066), (3, 1066)))
+    ladder, hold = _ladder(free=18)
+    assert Coordination().refit(hold, TOP, [unjudged], 0.0, ladder) == (hold, None)
+    # a rung the twin measured above its idle one is its own measure, not the rung below's
+    measured = _twin(rung_peaks=((0, 1123), (1, 1075), (2, 1066), (3, 1066), (4, 1050)), idle_from=3)
+    ladder, hold = _ladder(free=18)  # rung 2 is +16 over rung 4 by that measure
+    assert Coordination().refit(hold, TOP, [measured], 0.0, ladder) == (hold, None)
+
+
 def test_offer_publishes_the_measured_rungs_and_the_stages_least() -> None:
     ladder, _ = _ladder(free=40)
     ladder.observe(Setting(0, 0.0), 1123)
     entry = offer(ladder, TOP)
     assert entry["rung_peaks"] == ((0, 1123), (4, 1067)) and entry["stage_least"] == (48, 24, 12, 6)
     assert entry["stage_most"] == (64, 36, 18, 9)
-    assert entry["top_memory"] == 1067
+    assert entry["top_memory"] == 1067 and entry["idle_from"] is None
+    ladder.observe(Setting(3, 0.0), 1067)  # rung 4 freed nothing over rung 3 (of stage 4's 6)
+    assert offer(ladder, TOP)["idle_from"] == 4
