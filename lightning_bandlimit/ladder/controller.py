@@ -62,8 +62,11 @@ measured to free less than a quarter of what its stages keep for backward (judge
 least they may keep, never an upper figure such as the one measured on samples; the step's peak
 lies elsewhere: on the quickstart model checkpointing stages 3-4 after 1-2 frees nothing at the
 peak, at any compression) leaves the ladder the same way, with the rungs above it: it would
-cost recompute time and free nothing. (Beside the climb's hint, the stages' saved bytes serve
-only this judgement: the step's peak is not where they are kept.)
+cost recompute time and free nothing. A job on a rung that left the ladder comes down to the
+top rung only when what the rung measured to free fits the spare memory (an idle rung may free
+up to a quarter of its stage, a slow one anything); else it keeps the rung. (Beside the climb's
+hint, the stages' saved bytes serve only this judgement: the step's peak is not where they are
+kept.)
 With ``rungs=0`` the ladder is the compression continuum alone.
 """
 
@@ -204,8 +207,12 @@ class LadderController(LadderModel):
                 reason = LOWER if target.rung < current.rung else RAISE
                 return self._change(target, current, reason, reading.free, low)
             return self._change(target, current, RAISE, reading.free, low)
-        if current.rung > self.top:  # above a rung that left the ladder: the same memory, faster
-            return self._change(Setting(self.top, current.compression), current, LOWER, reading.free, low)
+        if current.rung > self.top:  # above a rung that left the ladder: faster, about the same memory
+            now = self.predict(current)
+            if now is None or self._added(self.top, current.rung, now) <= self._spare(reading, low):
+                return self._change(Setting(self.top, current.compression), current, LOWER, reading.free, low)
+            # a rung judged idle may still free up to a quarter of its stage (and one too slow,
+            # anything): going down only when what it measured to free fits what is spare
         if reading.free < high:
             self._calm = 0
             return Decision(current.rung, current.compression, HOLD, reading.free, low)
@@ -213,6 +220,10 @@ class LadderController(LadderModel):
         if self._calm < self.release_checks or self._since_change <= self.cooldown_checks:
             return Decision(current.rung, current.compression, HOLD, reading.free, high)
         return self._change(self._release(current, reading.free - high), current, LOWER, reading.free, high)
+
+    def _spare(self, reading: FreeMemory, low: float) -> float:
+        """Free memory beyond ``min_free`` (with the margin) and the noise of the job's peak."""
+        return reading.free - low * (1 + self.margin) - self.peak_noise
 
     def _trend(self, current: Setting, reading: FreeMemory) -> float:
         """Others' growth expected by the next check: the smaller of their last two growths (a

@@ -5,7 +5,13 @@ import random
 import pytest
 from _helpers import simulate_device
 
-from lightning_bandlimit.ladder import CompressionController, LadderController, LadderDecision, Setting
+from lightning_bandlimit.ladder import (
+    CompressionController,
+    Decision,
+    LadderController,
+    LadderDecision,
+    Setting,
+)
 from lightning_bandlimit.memory.probes import MemoryReading
 
 TOTAL = 10_000
@@ -793,6 +799,22 @@ def test_room_for_an_arrival_is_made_a_measured_rung_at_a_time_unless_a_rung_is_
     unmeasured = _rung0()
     unmeasured.rung_memory = type(unmeasured.rung_memory)(resolution=1.0)
     assert unmeasured.make_room(FLOOR, 2000.0) == Setting(4, 0.0)  # its own memory unknown: the top
+
+
+def test_down_from_a_rung_judged_idle_only_when_what_it_freed_fits() -> None:
+    # seen in cotrain (MiB): rung 2 freed 5.5-6.0 over rung 1 for its stage's 24 (about a
+    # quarter): judged idle; coming down to rung 1 then adds what it freed
+    mib = 2**20
+    ladder = LadderController(rungs=4, min_free=12 * mib, release_free=74 * mib, margin=0.1)
+    ladder.set_stage_savings(
+        [64.0 * mib, 36.0 * mib, 18.0 * mib, 9.0 * mib], [48.0 * mib, 24.0 * mib, 12.0 * mib, 6.0 * mib]
+    )
+    ladder.observe(Setting(1, 0.0), 1078 * mib)
+    assert ladder.observe(Setting(2, 0.0), 1072.5 * mib) is not None and ladder.top == 1
+    spare_5 = MemoryReading(total=3000 * mib, free=int(18.2 * mib), source="scripted")  # 13.2 + 5
+    assert ladder.decide(spare_5, Setting(2, 0.0)) == Decision(2, 0.0, "hold", int(18.2 * mib), 12 * mib)
+    spare_7 = MemoryReading(total=3000 * mib, free=int(20.2 * mib), source="scripted")  # 5.5 fits in 7
+    assert ladder.decide(spare_7, Setting(2, 0.0)).setting == Setting(1, 0.0)
 
 
 def test_a_rung_that_frees_a_quarter_of_what_its_stages_keep_stays() -> None:
