@@ -209,7 +209,7 @@ class LadderController(LadderModel):
             return self._change(target, current, RAISE, reading.free, low)
         if current.rung > self.top:  # above a rung that left the ladder: faster, about the same memory
             now = self.predict(current)
-            if now is None or self._added(self.top, current.rung, now) <= self._spare(reading, low):
+            if now is None or self._added(self.top, current.rung, now) <= self.spare(reading.free):
                 return self._change(Setting(self.top, current.compression), current, LOWER, reading.free, low)
             # a rung judged idle may still free up to a quarter of its stage (and one too slow,
             # anything): going down only when what it measured to free fits what is spare
@@ -221,9 +221,19 @@ class LadderController(LadderModel):
             return Decision(current.rung, current.compression, HOLD, reading.free, high)
         return self._change(self._release(current, reading.free - high), current, LOWER, reading.free, high)
 
-    def _spare(self, reading: FreeMemory, low: float) -> float:
-        """Free memory beyond ``min_free`` (with the margin) and the noise of the job's peak."""
-        return reading.free - low * (1 + self.margin) - self.peak_noise
+    def spare(self, free: float) -> float:
+        """Of ``free`` bytes, what is beyond ``min_free`` (as of the last reading, with the
+        margin) and the noise of the job's peak: what a move down may add.
+
+        Example:
+            >>> from lightning_bandlimit.memory.probes import MemoryReading
+            >>> ladder = LadderController(rungs=1, min_free=100, margin=0.1)
+            >>> _ = ladder.decide(MemoryReading(total=5000, free=300, source="scripted"), Setting(0, 0.0))
+            >>> ladder.spare(300)
+            190.0
+        """
+        low = self.min_free_bytes or 0
+        return free - low * (1 + self.margin) - self.peak_noise
 
     def _trend(self, current: Setting, reading: FreeMemory) -> float:
         """Others' growth expected by the next check: the smaller of their last two growths (a
@@ -279,10 +289,8 @@ class LadderController(LadderModel):
             measured = self.rung_memory.points
             if now is not None:
                 assert deficit is not None
-                for rung in range(current.rung + 1, self.top + 1):
-                    freed = now - measured[rung] if rung in measured else self._hinted_saving(rung, now)
-                    if freed is not None and freed >= deficit:
-                        return Setting(rung, self.min_compression)
+                if (rung := self._least_rung_freeing(current, now, deficit)) is not None:
+                    return Setting(rung, self.min_compression)
             if not self.lossy or (not sure and (self.top not in measured or now is None)):
                 # a rung not visited may fit (its saving is unknown), or nothing else is known,
                 # or there is no lossy lever: the whole exact lever at once
@@ -376,15 +384,22 @@ class LadderController(LadderModel):
         """
         if current.compression > self.min_compression or current.rung >= self.top:
             return current
-        now, measured = self.predict(current), self.rung_memory.points
+        now = self.predict(current)
         if now is None:
             return Setting(self.top, self.min_compression)
+        if (rung := self._least_rung_freeing(current, now, deficit)) is not None:
+            return Setting(rung, self.min_compression)
+        unvisited = [r for r in range(current.rung + 1, self.top + 1) if r not in self.rung_memory.points]
+        return Setting(unvisited[0] if unvisited else self.top, self.min_compression)
+
+    def _least_rung_freeing(self, current: Setting, now: float, deficit: float) -> int | None:
+        """The least rung above ``current`` (at ``now``) measured, else hinted, to free ``deficit``."""
+        measured = self.rung_memory.points
         for rung in range(current.rung + 1, self.top + 1):
             freed = now - measured[rung] if rung in measured else self._hinted_saving(rung, now)
             if freed is not None and freed >= deficit:
-                return Setting(rung, self.min_compression)
-        unvisited = [r for r in range(current.rung + 1, self.top + 1) if r not in measured]
-        return Setting(unvisited[0] if unvisited else self.top, self.min_compression)
+                return rung
+        return None
 
     def notify_change(self) -> None:
         """Restart the cooldown after a change this controller did not decide (another rank's,

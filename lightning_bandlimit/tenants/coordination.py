@@ -266,7 +266,7 @@ class Coordination:
             or self._recent(peers, now) is not None
         ):
             return decision, None
-        spare = decision.free - low * (1 + controller.margin) - controller.peak_noise
+        spare = controller.spare(decision.free)
         twins = [_twin_peaks(p, controller.rungs) for p in peers if _same_stages(p, controller)]
         for rung in range(current.rung):  # the fastest first
             added = [t[rung] - t[current.rung] for t in twins if rung in t and current.rung in t]
