@@ -22,10 +22,32 @@ from lightning_bandlimit.layers.band_limited import BandLimitedConvNd
 from lightning_bandlimit.recompute.running_stats import running_stats_kept
 from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
 
-__all__ = ["replayed", "trial"]
+__all__ = ["float32_eps", "replayed", "trial"]
 
 _SEED = 20231  # any fixed seed: both runs draw the same dropout masks
 _GRADIENT_FLOOR = 1e-2
+_TF32_EPS = 2.0**-10  # TF32 keeps 10 bits of a float32's mantissa
+
+
+def float32_eps(device: torch.device, dtype: torch.dtype) -> float:
+    """The relative rounding of the float32 arithmetic a unit runs at on ``device``: on CUDA,
+    cuDNN's convolutions round to TF32 unless ``torch.backends.cudnn.allow_tf32`` is off (it is
+    on by default), and matmuls to TF32 (``"high"``) or bf16 (``"medium"``) below
+    ``torch.get_float32_matmul_precision()``'s ``"highest"``; elsewhere, and for other dtypes, 0.
+
+    Under TF32 a difference of one unit in the last place of a float32 input (a recomputation
+    that sums in another order) can come out of the next convolution as a TF32 unit of the output.
+
+    Example:
+        >>> float32_eps(torch.device("cpu"), torch.float32)
+        0.0
+    """
+    if device.type != "cuda" or dtype != torch.float32:
+        return 0.0
+    precision = torch.get_float32_matmul_precision()
+    if precision == "medium":
+        return torch.finfo(torch.bfloat16).eps
+    return _TF32_EPS if precision == "high" or torch.backends.cudnn.allow_tf32 else 0.0
 
 
 def trial(
@@ -48,7 +70,9 @@ def trial(
         rtol: the largest difference allowed, relative to the largest magnitude of each tensor
             (of a gradient: at least a hundredth of the largest gradient's); under ``autocast``
             at least four units in the last place of its dtype (a GPU's backward may sum in
-            another order between the two runs, and a bf16 result rounds that to a whole unit).
+            another order between the two runs, and a bf16 result rounds that to a whole unit);
+            likewise for float32 samples on a GPU that computes them in TF32
+            (:func:`float32_eps`: cuDNN's default).
         autocast: ``(device_type, dtype)`` of the autocast the unit ran under in training
             (:attr:`~lightning_bandlimit.recompute.stages.UnitProfile.autocast`): both runs use it,
             so a ``bf16-mixed`` job's samples are tried as they were recorded.
@@ -61,6 +85,11 @@ def trial(
     """
     if autocast is not None:
         rtol = max(rtol, 4 * torch.finfo(autocast[1]).eps)
+    sample = next(
+        (t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor) and t.is_floating_point()), None
+    )
+    if sample is not None:
+        rtol = max(rtol, 4 * float32_eps(sample.device, sample.dtype))
     was_checkpointed = is_checkpointed(unit)
     try:
         with _compression(unit, compression), running_stats_kept(list(unit.modules())):

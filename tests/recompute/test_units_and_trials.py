@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib
 
 import pytest
 import torch
@@ -13,7 +14,11 @@ from lightning_bandlimit import bandlimit
 from lightning_bandlimit.recompute.arguments import checkpoint_call
 from lightning_bandlimit.recompute.segments import Segment
 from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint, checkpoint_units, uncheckpoint
-from lightning_bandlimit.recompute.trial import trial
+from lightning_bandlimit.recompute.trial import float32_eps, trial
+
+trial_module = importlib.import_module(
+    "lightning_bandlimit.recompute.trial"
+)  # the package exports the function
 
 
 def _grads(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
@@ -160,6 +165,49 @@ def test_trial_judges_samples_recorded_under_bf16_autocast_under_that_autocast()
     # under bf16 autocast, not in float32
     assert trial("wobble", _Wobble(), (x,), autocast=bf16) is None
     assert trial("wobble", _Wobble(), (x.float().detach().requires_grad_(),)) is not None
+
+
+class _Ripple(_Counter):
+    """Its recompute differs by ``step`` (5e-4: a TF32 unit, what an H100 showed for conv blocks
+    recomputed from a band-limited spectrum, 2e-4 to 8e-4 of scale)."""
+
+    def __init__(self, step: float = 5e-4) -> None:
+        super().__init__()
+        self.step = step
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.conv(x) * (1 + self.step * self.calls)
+
+
+def test_float32_eps_follows_the_gpus_tf32_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    cuda = torch.device("cuda", 0)
+    assert float32_eps(torch.device("cpu"), torch.float32) == 0.0
+    assert float32_eps(cuda, torch.float64) == 0.0
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "highest")
+    assert float32_eps(cuda, torch.float32) == 2.0**-10  # cuDNN's default: convolutions in TF32
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    assert float32_eps(cuda, torch.float32) == 0.0  # IEEE float32 throughout
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "high")
+    assert float32_eps(cuda, torch.float32) == 2.0**-10
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "medium")
+    assert float32_eps(cuda, torch.float32) == torch.finfo(torch.bfloat16).eps
+
+
+def test_trial_allows_a_tf32_unit_of_difference_where_the_device_computes_in_tf32(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # on an H100 (fp32, cuDNN's default TF32) 6 of the quickstart model's 8 units differed by
+    # 2e-4 to 8e-4 of scale recomputed at compression 0.5 and left the ladder: a rung of 24 MiB
+    # where the CPU has four
+    x = torch.randn(4, 2, 6, 6, requires_grad=True)
+    assert trial("ripple", _Ripple(), (x,)) is not None  # IEEE float32: beyond its rounding
+    monkeypatch.setattr(trial_module, "float32_eps", lambda device, dtype: 2.0**-10)  # as on a TF32 GPU
+    assert trial("ripple", _Ripple(), (x,)) is None
+    reason = trial("drift", _Ripple(1e-2), (x,))  # beyond TF32's four units (3.9e-3)
+    assert reason is not None and reason.startswith("drift: checkpointed")
+    assert trial("counter", _Counter(), (x,)) is not None
 
 
 def test_trial_runs_band_limited_units_at_the_compression_asked_and_restores_it() -> None:
