@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from lightning_bandlimit.callbacks.adaptive_band_limit import AdaptiveBandLimit
 from lightning_bandlimit.callbacks.ladder_decisions import held_bytes
 from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
 from lightning_bandlimit.ladder.setting import Decision, Setting
+from lightning_bandlimit.memory.protocol import ProbeUnavailable
 from lightning_bandlimit.tenants.coordination import Coordination, offer
 from lightning_bandlimit.tenants.ledger import Ledger, Tenant, host_device
 from lightning_bandlimit.utils.validation import check_bool, check_real
@@ -50,6 +52,12 @@ class SharedDevice(Callback):
     keep ``min_free`` free (:meth:`~lightning_bandlimit.tenants.Coordination.refit`; once, and
     only the newcomer, which has the most work left: a job that made room keeps it). Under DDP
     (one entry per rank) a job does not announce its arrival.
+
+    What the peers hold is not others' growth to a job's ladder: on a GPU each peer counts at
+    NVML's per-process memory (:meth:`~lightning_bandlimit.memory.MemoryProbe.process_memory`: its
+    CUDA context and allocator cache too, which its own peak leaves out), else at the peak it
+    published; the ledger carries intent. Where NVML's process ids are not the jobs' own (a
+    container), the published peaks are used, said once.
 
     Each hold is kept in :attr:`holds` (step, the decision held, why) and said once per reason.
     With ``coordinate=False`` the job only publishes its entry (its process id lets CPU jobs
@@ -102,6 +110,7 @@ class SharedDevice(Callback):
         self._room_for: tuple[str, ...] = ()  # arrivals the last check made or found room for
         self._on_top = False  # the first step runs on the top rung (arrived beside peers)
         self._refit = False  # arrived on its top rung: give back what is not needed, once
+        self._by_process: bool | None = None  # peers measured per process (None: not known yet)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -176,14 +185,44 @@ class SharedDevice(Callback):
             time.sleep(0.05)
 
     def peer_memory(self) -> float | None:
-        """The memory the live peers published (their measured peaks, bytes), read at a check
-        before the ladder decides: a peer's own change is not others' growth to the ladder.
+        """The live peers' memory (bytes), read at a check before the ladder decides: a peer's
+        own change is not others' growth to the ladder. Each peer counts at what the device
+        measures for its process where the probe can tell (NVML's per-process memory: its
+        context, cache and tensors, from before its first step), else at the peak it published.
         ``None`` when a peer's is unknown; ``0`` with no peers."""
         assert self.ledger is not None
         self._peers = self.ledger.peers()
-        if any(p.memory is None for p in self._peers):
+        measured = self._process_memory() if self._peers else {}
+        memory = [measured.get(p.pid, p.memory) for p in self._peers]
+        if any(m is None for m in memory):
             return None
-        return float(sum(p.memory for p in self._peers))  # type: ignore[misc]
+        return float(sum(memory))  # type: ignore[arg-type]
+
+    def _process_memory(self) -> dict[int, int]:
+        """The device's per-process memory, when the probe measures it and its process ids are
+        this job's (NVML gives the host's, which a container renumbers: then none is taken)."""
+        probe = self._adaptive.probe if self._adaptive is not None else None
+        if probe is None or self._by_process is False:
+            return {}
+        try:
+            found = probe.process_memory()
+        except ProbeUnavailable as error:
+            rank_zero_warn(f"SharedDevice: {error}; peers count at the memory they published")
+            self._by_process = False
+            return {}
+        if found is None:
+            self._by_process = False
+            return {}
+        if os.getpid() not in found:  # this job holds memory on the device, so it would be listed
+            if self._by_process is None:
+                rank_zero_info(
+                    "SharedDevice: the device lists no process with this job's id (another process "
+                    "namespace, as in a container): peers count at the memory they published"
+                )
+                self._by_process = False
+            return {}
+        self._by_process = True
+        return found
 
     def __call__(self, adaptive: AdaptiveBandLimit, trainer: pl.Trainer, decision: Decision) -> Decision:
         """The check's decision after the shared rule (what ``AdaptiveBandLimit`` applies)."""

@@ -162,8 +162,9 @@ class LadderController(LadderModel):
         self._last_others: float | None = None  # and others' memory then, when the job's was measured
         self._growth: list[float | None] = [None, None]  # others' growth over the last two checks
         self._held: list[float | None] = [None, None]  # the last two growths seen (gaps skipped)
-        # the memory of other memory-aware jobs on the device that they published for this check
-        # (SharedDevice's ledger): their own changes are not others' growth
+        # the memory of other memory-aware jobs on the device at this check (SharedDevice: what
+        # the device measures for their processes, or what they published): their own changes
+        # are not others' growth
         self.peer_memory: float | None = None
         self._last_peers: float | None = None  # and theirs at the last check
         self.min_free_bytes: int | None = None  # min_free in bytes at the last reading
@@ -242,7 +243,7 @@ class LadderController(LadderModel):
         at ``current`` since the last decision, so their growth is seen while the job changes
         its own setting too; without that measurement (or over budget, where a reading says 0
         free however far over), only over a check the job held its setting. The memory other
-        memory-aware jobs published (:attr:`peer_memory`) is not others': a peer's own change
+        memory-aware jobs hold (:attr:`peer_memory`) is not others': a peer's own change
         (giving back a rung) is not a ramp to meet (growth is not read across a check where
         that memory became known or unknown). The smaller of the last two growths seen is kept
         as ``ramp``."""

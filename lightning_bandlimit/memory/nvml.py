@@ -202,6 +202,30 @@ class NVMLProbe(MemoryProbe):
         total = max(total, 0)
         return MemoryReading(total=total, free=min(max(free, 0), total), source=self.source)
 
+    def process_memory(self) -> dict[int, int]:
+        """NVML's per-process memory on the device (``nvmlDeviceGetComputeRunningProcesses``):
+        each compute process's CUDA context, allocator cache and tensors, by process id. Process
+        ids are the host's: in a container they are not the ones ``os.getpid()`` gives. A process
+        whose memory NVML does not report is left out.
+
+        Raises:
+            ProbeUnavailable: if NVML fails (the message names the error) or the probe is closed.
+        """
+        self._ensure_open()
+        try:
+            processes = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        except Exception as err:
+            raise ProbeUnavailable(
+                f"NVML cannot list the processes of {self.device} ({self.uuid}): "
+                f"{_nvml_error_text(self._nvml, err)}"
+            ) from err
+        found: dict[int, int] = {}
+        for process in processes:
+            used = getattr(process, "usedGpuMemory", None)
+            if isinstance(used, int) and used >= 0:
+                found[int(process.pid)] = found.get(int(process.pid), 0) + used
+        return found
+
     def close(self) -> None:
         """Drop the handle; ``nvmlShutdown`` if this was the last open NVML probe. Idempotent."""
         if self._closed:

@@ -136,6 +136,15 @@ class MemoryProbe(abc.ABC):
             ProbeUnavailable: if memory cannot be measured (or the probe is closed).
         """
 
+    def process_memory(self) -> dict[int, int] | None:
+        """The memory each process holds on the device, as the device counts it (bytes by
+        process id), or ``None`` when this probe cannot tell (the default).
+
+        Raises:
+            ProbeUnavailable: if the probe can tell but the reading fails.
+        """
+        return None
+
     def close(self) -> None:
         """Release what the probe holds. Idempotent; later reads raise :class:`ProbeUnavailable`."""
         self._closed = True

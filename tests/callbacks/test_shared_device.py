@@ -3,6 +3,7 @@ tenants share (peers are entries other jobs wrote in the ledger folder)."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -257,3 +258,74 @@ def test_an_arrival_gives_back_its_top_rung_once_by_a_twins_measure(tmp_path: Pa
         return
     assert len(lowered) == 1 and lowered[0]["rung"] == 0  # rung 0 at once, and only once
     assert steps.checkpointed[-1] == 0 and shared.state_dict()["refit"] is False
+
+
+class _ProcessProbe(ScriptedProbe):
+    """A scripted device that also lists its processes' memory (as NVML does on a GPU)."""
+
+    def __init__(self, processes: dict[int, int] | Exception, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.processes, self.listed = processes, 0
+
+    def process_memory(self) -> dict[int, int]:
+        self.listed += 1
+        if isinstance(self.processes, Exception):
+            raise self.processes
+        return dict(self.processes)
+
+
+def _fit_measured(
+    tmp_path: Path, processes: dict[int, int] | Exception
+) -> tuple[AdaptiveBandLimit, _ProcessProbe]:
+    probe = _ProcessProbe(processes, free=SHORT, total=TOTAL)
+    adaptive = AdaptiveBandLimit(probe=probe, **SCRIPTED_ADAPTIVE)
+    shared = SharedDevice(tmp_path / "ledger", job="b-job")
+    trainer = cpu_trainer([adaptive, shared], default_root_dir=tmp_path, max_steps=4, limit_val_batches=0)
+    data = SyntheticImageDataModule(train_size=64, val_size=8, test_size=8, batch_size=16)
+    trainer.fit(ImageClassifier("cifar_resnet18", width=4), data)
+    return adaptive, probe
+
+
+PEER_PID = 4_000_000  # no process of this host has it
+
+
+def _peer_process(folder: Path, monkeypatch: pytest.MonkeyPatch, memory: int | None) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "getpid", lambda: PEER_PID)
+        _peer(folder, memory=memory)
+
+
+def test_peers_count_at_what_the_device_measures_for_their_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # on a GPU a job's process holds its CUDA context and its allocator's cache beside its
+    # tensors (an H100: 2246 MiB where torch's peak was 1019): NVML's per-process memory is
+    # what the peer costs the device, its published peak what it measured itself
+    _peer_process(tmp_path / "a" / "ledger", monkeypatch, memory=7 * M)
+    adaptive, probe = _fit_measured(tmp_path / "a", {os.getpid(): 40 * M, PEER_PID: 30 * M, 17: 5 * M})
+    assert adaptive.controller.peer_memory == 30 * M and probe.listed > 0
+    # a peer the device does not list (no CUDA context yet) counts at what it published ...
+    _peer_process(tmp_path / "b" / "ledger", monkeypatch, memory=7 * M)
+    adaptive, _ = _fit_measured(tmp_path / "b", {os.getpid(): 40 * M})
+    assert adaptive.controller.peer_memory == 7 * M
+    # ... and an arriving peer not measured yet is known by its process
+    _peer_process(tmp_path / "c" / "ledger", monkeypatch, memory=None)
+    adaptive, _ = _fit_measured(tmp_path / "c", {os.getpid(): 40 * M, PEER_PID: 9 * M})
+    assert adaptive.controller.peer_memory == 9 * M
+
+
+def test_process_ids_of_another_namespace_or_a_failing_listing_fall_back_to_what_peers_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # in a container NVML lists the host's process ids: this job's own is missing, and a peer's
+    # id may name another process; the published peaks are taken, said once
+    _peer_process(tmp_path / "a" / "ledger", monkeypatch, memory=7 * M)
+    with caplog.at_level("INFO"):
+        adaptive, probe = _fit_measured(tmp_path / "a", {PEER_PID: 30 * M, 12345: 40 * M})
+    assert adaptive.controller.peer_memory == 7 * M
+    assert probe.listed == 1 and caplog.text.count("no process with this job's id") == 1
+    _peer_process(tmp_path / "b" / "ledger", monkeypatch, memory=7 * M)
+    with pytest.warns(UserWarning, match="cannot list") as warned:
+        adaptive, probe = _fit_measured(tmp_path / "b", ProbeUnavailable("NVML cannot list the processes"))
+    assert adaptive.controller.peer_memory == 7 * M
+    assert probe.listed == 1 and len([w for w in warned if "cannot list" in str(w.message)]) == 1

@@ -71,6 +71,7 @@ ERRORS = [
 class FakeHandle:
     def __init__(self, uuid: str, total: int, free: int) -> None:
         self.uuid, self.total, self.free = uuid, total, free
+        self.processes: list[Any] = []  # pynvml's c_nvmlProcessInfo_t: pid, usedGpuMemory
 
 
 class FakeNVML:
@@ -89,6 +90,7 @@ class FakeNVML:
         self.shutdown_calls = 0
         self.lookups: list[str] = []
         self.fail: dict[str, Exception] = {}
+        self.listings = 0
 
     def _maybe_fail(self, name: str) -> None:
         if name in self.fail:
@@ -121,7 +123,10 @@ class FakeNVML:
         raise AssertionError("NVML indices ignore CUDA_VISIBLE_DEVICES: map by UUID")
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[Any]:
-        raise AssertionError("must not be used")
+        assert self.init_calls > self.shutdown_calls, "NVML used while not initialised"
+        self._maybe_fail("nvmlDeviceGetComputeRunningProcesses")
+        self.listings += 1
+        return list(handle.processes)
 
     def handle(self, uuid: str) -> FakeHandle:
         return next(h for h in self.handles if h.uuid == uuid)
@@ -248,6 +253,25 @@ def test_nvml_reading_reflects_co_tenant(nvml: FakeNVML) -> None:
         after = probe.read()
     assert before.free - after.free == 30 * GiB
     assert after.used == 40 * GiB and after.free_fraction == pytest.approx(40 / 80)
+
+
+def test_nvml_lists_each_process_memory_and_reads_free_memory_without_listing(nvml: FakeNVML) -> None:
+    handle = nvml.handle("GPU-aaaa")
+    handle.processes = [
+        types.SimpleNamespace(pid=11, usedGpuMemory=2 * GiB),
+        types.SimpleNamespace(pid=12, usedGpuMemory=None),  # pynvml: not available (WDDM)
+        types.SimpleNamespace(pid=11, usedGpuMemory=GiB),  # a second context of one process
+    ]
+    with make(nvml, 0) as probe:
+        probe.read()
+        assert nvml.listings == 0  # free memory is one call, not a listing
+        assert probe.process_memory() == {11: 3 * GiB}
+        nvml.fail["nvmlDeviceGetComputeRunningProcesses"] = NVMLError_NoPermission("denied")
+        with pytest.raises(ProbeUnavailable, match="cannot list the processes of cuda:0"):
+            probe.process_memory()
+    with pytest.raises(ProbeUnavailable, match="closed"):
+        probe.process_memory()
+    assert ScriptedProbe([1], total=1).process_memory() is None  # a probe that cannot tell
 
 
 def test_nvml_import_failure_and_cpu_device(monkeypatch: pytest.MonkeyPatch) -> None:
