@@ -168,6 +168,7 @@ class LadderController(LadderModel):
         self.peer_memory: float | None = None
         self._last_peers: float | None = None  # and theirs at the last check
         self.min_free_bytes: int | None = None  # min_free in bytes at the last reading
+        self.release_free_bytes: int | None = None  # and release_free
 
     def decide(self, reading: FreeMemory, current: Setting) -> Decision:
         """The setting for the next steps, given a reading taken at ``current``."""
@@ -189,7 +190,7 @@ class LadderController(LadderModel):
     def _decide(self, reading: FreeMemory, current: Setting) -> Decision:
         low = threshold_bytes(self.min_free, reading.total)
         high = threshold_bytes(self.release_free, reading.total)
-        self.min_free_bytes = low
+        self.min_free_bytes, self.release_free_bytes = low, high
         self._since_change += 1
         surprise = self.surprise(current)
         trend = self._trend(current, reading)

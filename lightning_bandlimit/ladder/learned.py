@@ -66,6 +66,7 @@ class LadderModel:
         self.stage_savings: list[float] | None = None  # bytes each stage frees when checkpointed
         self.stage_least: list[float] | None = None  # and the least it may free (the idle judgement)
         self.last_peak: tuple[Setting, float] | None = None  # the last observation, as measured
+        self._observed = 0  # observations so far (in this process)
         self._previous: tuple[Setting, float] | None = None  # the observation before this one
         # |change| of the peak between consecutive checks at one setting, the last few
         self.peak_jitter: deque[float] = deque(maxlen=_JITTER_CHECKS)
@@ -125,14 +126,20 @@ class LadderModel:
         """The job's peak memory measured at ``setting``; returns a message when rungs leave the
         ladder for freeing nothing measured (see the module docstring)."""
         message = None
-        if self._previous is not None and self._previous[0] == setting:
-            self.peak_jitter.append(abs(float(peak_bytes) - self._previous[1]))
+        again = self._previous is not None and self._previous[0] == setting
+        # the run's first step allocates the optimizer's state (and lazily made buffers) within
+        # it: its peak falls short of a step's by that, so the next one at the same setting
+        # takes its place, and their difference is not the peak's noise
+        replace = again and self._observed == 1
+        self._observed += 1
+        if again and not replace:
+            self.peak_jitter.append(abs(float(peak_bytes) - self._previous[1]))  # type: ignore[index]
         self.last_peak = self._previous = (setting, float(peak_bytes))
         if setting.compression <= self.min_compression:
-            self.rung_memory.observe(setting.rung, peak_bytes)
+            self.rung_memory.observe(setting.rung, peak_bytes, replace=replace)
             message = self._drop_idle_rungs(setting.rung)
         if setting.rung == self.lossy_rung:
-            self.compression_memory.observe(setting.compression, peak_bytes)
+            self.compression_memory.observe(setting.compression, peak_bytes, replace=replace)
         return message
 
     @property

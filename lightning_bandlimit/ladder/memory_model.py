@@ -38,10 +38,13 @@ class MemoryModel:
         self.smoothing, self.resolution = smoothing, resolution
         self.points: dict[float, float] = {}
 
-    def observe(self, compression: float, peak_bytes: float) -> None:
+    def observe(self, compression: float, peak_bytes: float, replace: bool = False) -> None:
+        """A peak measured at ``compression``: averaged into the point there, or (``replace``)
+        taking its place."""
         key = round(round(compression / self.resolution) * self.resolution, 6)
         old = self.points.get(key)
-        self.points[key] = peak_bytes if old is None else old + self.smoothing * (peak_bytes - old)
+        keep = old is None or replace
+        self.points[key] = peak_bytes if keep else old + self.smoothing * (peak_bytes - old)  # type: ignore[operator]
 
     def predict(self, compression: float) -> float | None:
         """Predicted peak bytes at ``compression``; ``None`` until two compressions were seen,

@@ -237,10 +237,11 @@ class Coordination:
     ) -> tuple[Decision, str | None]:
         """A hold on an exact rung taken before the job was measured (an arrival's top rung) goes
         down to the fastest exact rung that keeps ``min_free`` free (with the ladder's margin,
-        on both, and its peak's noise) by what a run of the same model measured: a peer whose stages
-        free the same (the ranges :attr:`Tenant.stage_least` to ``stage_most`` of each stage meet,
-        within 10 %) and that measured both rungs adds
-        its difference to the job's measured peak (the largest such difference). ``decision``
+        on both, and its peak's noise; a rung that needs more memory also keeps the margin of the
+        hold band, ``release_free - min_free``, as slack) by what a run of the same model
+        measured: a peer whose stages free the same (the ranges :attr:`Tenant.stage_least` to
+        ``stage_most`` of each stage meet, within 10 %) and that measured both rungs adds its
+        difference to the job's measured peak (the largest such difference). ``decision``
         unchanged (and ``None``) under pressure or above the hold band, while a peer arrives or
         changed within ``dwell``, or when no rung is known to fit.
 
@@ -267,12 +268,18 @@ class Coordination:
         ):
             return decision, None
         spare = controller.spare(decision.free)
+        # a move nobody asked for lands a job at the bottom of the hold band, where the ladder's
+        # own release never does (it goes down from above release_free): peaks creep over a run
+        # (a MiB or two on the quickstart CPU job, whose band is 62), and a job landed at the edge
+        # climbs back at once; so a rung that adds memory keeps the margin of the band as slack
+        slack = controller.margin * max(0, (controller.release_free_bytes or low) - low)
         twins = [_twin_peaks(p, controller.rungs) for p in peers if _same_stages(p, controller)]
         for rung in range(current.rung):  # the fastest first
             added = [t[rung] - t[current.rung] for t in twins if rung in t and current.rung in t]
             if rung in mine:
                 added = [mine[rung] - mine[current.rung]]
-            if added and max(added) * (1 + controller.margin) <= spare:  # a measure has its noise too
+            need = max(added, default=0) * (1 + controller.margin)  # a measure has its noise too
+            if added and need + (slack if need > 0 else 0) <= spare:
                 why = f"the top rung taken on arrival is more than needed: rung {rung} fits, a twin measured"
                 return Decision(rung, current.compression, LOWER, decision.free, low), why
         return decision, None

@@ -773,6 +773,21 @@ def test_rungs_that_free_nothing_measured_leave_the_ladder_and_the_continuum_mov
     assert ladder.state_dict()["top"] == 2
 
 
+def test_the_first_steps_peak_is_replaced_by_the_next_and_is_no_sample_of_the_noise() -> None:
+    # the optimizer's state is made within the first step: the second at one setting is higher
+    ladder = _ladder()
+    ladder.observe(FLOOR, 4860)
+    ladder.observe(FLOOR, 5000)
+    assert ladder.peak_noise == 0 and ladder.rung_memory.points[0] == 5000  # not their average
+    ladder.observe(FLOOR, 5010)
+    assert ladder.peak_noise == 10 and ladder.rung_memory.points[0] == 5005
+    moved = _ladder()  # a first step at another setting: the next is its own first measure
+    moved.observe(Setting(4, 0.0), 4000)
+    moved.observe(FLOOR, 5000)
+    moved.observe(FLOOR, 5020)
+    assert moved.peak_noise == 20 and moved.rung_memory.points[0] == 5010
+
+
 def test_the_idle_rung_is_kept_after_it_left_the_ladder() -> None:
     ladder = _rung0()  # stages keep 300, 200, 100, 50 bytes
     assert ladder.idle_from() is None

@@ -88,10 +88,11 @@ def test_a_twin_that_found_its_upper_rungs_idle_vouches_for_the_rung_below_them(
     assert refitted.setting == Setting(2, 0.0) and "rung 2" in why
     ladder, hold = _ladder(free=40)  # rung 1 (+9 over rung 2's memory) fits too
     assert Coordination().refit(hold, TOP, [twin], 0.0, ladder)[0].setting == Setting(1, 0.0)
-    # the margin on the twin's measure too: with 10 %, rung 1 needs 9.9 of the 9.8 spare
-    ladder, hold = _ladder(free=23, margin=0.1)  # 23 - 12 * 1.1
+    # the margin on the twin's measure too: with 10 %, rung 1 needs 9.9, and a tenth of the hold
+    # band (6.2) as slack, of the 15.8 spare
+    ladder, hold = _ladder(free=29, margin=0.1)  # 29 - 12 * 1.1
     assert Coordination().refit(hold, TOP, [twin], 0.0, ladder)[0].setting == Setting(2, 0.0)
-    ladder, hold = _ladder(free=24, margin=0.1)
+    ladder, hold = _ladder(free=30, margin=0.1)
     assert Coordination().refit(hold, TOP, [twin], 0.0, ladder)[0].setting == Setting(1, 0.0)
     # no idle rung judged: rung 4's memory is not known from rungs 0-3
     unjudged = _twin(rung_peaks=((0, 1123), (1, 1075), (2, 1066), (3, 1066)))
@@ -112,3 +113,18 @@ def test_offer_publishes_the_measured_rungs_and_the_stages_least() -> None:
     assert entry["top_memory"] == 1067 and entry["idle_from"] is None
     ladder.observe(Setting(3, 0.0), 1067)  # rung 4 freed nothing over rung 3 (of stage 4's 6)
     assert offer(ladder, TOP)["idle_from"] == 4
+
+
+def test_a_rung_that_needs_more_memory_keeps_the_margin_of_the_hold_band_as_slack() -> None:
+    # the run of 445b387: a newcomer refitted to rung 1 with 10.9 MiB spare for 10.0 needed,
+    # its peak crept a MiB and it climbed back; with the ladder's margin (0.1) a refit that adds
+    # memory keeps a tenth of the hold band (74 - 12 MiB) beyond what it adds
+    twin = _twin(rung_peaks=((0, 1123), (1, 1075), (2, 1067), (4, 1066)))
+    ladder, hold = _ladder(free=28, margin=0.1)  # spare 28 - 13.2 = 14.8: rung 1 needs 9.9 + 6.2
+    assert Coordination().refit(hold, TOP, [twin], 0.0, ladder)[0].setting == Setting(2, 0.0)
+    ladder, hold = _ladder(free=40, margin=0.1)  # spare 26.8: rung 1 fits with its slack
+    assert Coordination().refit(hold, TOP, [twin], 0.0, ladder)[0].setting == Setting(1, 0.0)
+    same = _twin(rung_peaks=((0, 1123), (1, 1075), (2, 1066), (4, 1066)))
+    ladder, hold = _ladder(free=15, margin=0.1)  # spare 1.8: only a rung that adds nothing
+    assert Coordination().refit(hold, TOP, [same], 0.0, ladder)[0].setting == Setting(2, 0.0)
+    assert Coordination().refit(hold, TOP, [twin], 0.0, ladder) == (hold, None)  # rung 2: +1.1 + 6.2
