@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 MIB = 2**20
@@ -55,6 +56,7 @@ def _job(spec_path: Path) -> None:
     from lightning_bandlimit.data import SyntheticImageDataModule
     from lightning_bandlimit.memory import HostMemoryProbe, NVMLProbe
     from lightning_bandlimit.models import ImageClassifier
+    from lightning_bandlimit.recompute.stages import is_checkpointed
 
     spec = json.loads(spec_path.read_text())
     out = spec_path.parent
@@ -121,7 +123,9 @@ def _job(spec_path: Path) -> None:
                     "t": time.perf_counter() - self.started,
                     "step_s": time.perf_counter() - self.begin,
                     "rung": setting.rung if setting else 0,
-                    "units": band._units_at(setting.rung) if band is not None else 0,
+                    # what the step ran with (cotrain's count): a first step profiled on the top
+                    # rung has every unit checkpointed while its rung still reads 0
+                    "checkpointed_units": sum(is_checkpointed(m) for m in trainer.lightning_module.modules()),
                     "compression": setting.compression if setting else 0.0,
                     "allocated_peak": torch.cuda.max_memory_allocated() if cuda else 0,
                     "allocated_start": self.start_bytes,
@@ -252,11 +256,6 @@ def _run_set(specs: list[dict[str, Any]], sampler_factory: Any, timeout: float) 
     return results, sampler
 
 
-def _changes(result: dict) -> int:
-    settings = [(r["units"], r["compression"]) for r in result.get("timeline", [])]
-    return sum(a != b for a, b in zip(settings, settings[1:]))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job", type=Path, help=argparse.SUPPRESS)
@@ -287,6 +286,7 @@ def main() -> None:
         _job(args.job)
         return
     import torch
+    from cotrain import _changes  # the same count as cotrain's table (this folder is on the path)
 
     cuda = torch.cuda.is_available()
     nvml = handle = None
@@ -399,8 +399,8 @@ def main() -> None:
                         "log_tail": r.get("log_tail"),
                         "steps": r.get("steps"),
                         "ooms": r.get("ooms"),
-                        "changes": _changes(r),
-                        "checkpointed_steps": sum(x["units"] > 0 for x in r.get("timeline", [])),
+                        "changes": _changes(SimpleNamespace(timeline=r.get("timeline", []))),
+                        "checkpointed_steps": sum(x["checkpointed_units"] > 0 for x in r.get("timeline", [])),
                         "compressed_steps": sum(x["compression"] > 0 for x in r.get("timeline", [])),
                         "accuracy_minus_solo": None if acc is None else acc - solo["val_accuracy"],
                         "wall_s": r.get("wall_s"),
@@ -413,7 +413,7 @@ def main() -> None:
                         "timeline": [
                             [
                                 round(x["t"], 3),
-                                x["units"],
+                                x["checkpointed_units"],
                                 x["compression"],
                                 round(x["free"] / MIB, 1),
                                 round(x["allocated_peak"] / MIB, 1),
