@@ -27,15 +27,17 @@ waits for an answer from another):
   rungs only (never a compression for memory not measured yet), the cheapest job first by the
   same rule; when no rung is known to make the room, one rung a check, each measured before
   the next (the newcomer waits, so there is time to learn which rungs free memory, and which
-  free nothing and leave the ladder). A room short by no more than the noise of the job's own
-  peak is room (the estimate is coarser than that). The newcomer starts once each peer's check has found that
-  room (room made by a move is confirmed at the check after a step measured it); room once
-  confirmed is not made again for that newcomer (its first step, in the readings from then on,
-  is what the room was for). The newcomer's
-  top rung was taken before anything of it was measured: at its first check in the hold band it
-  goes down to the fastest rung that a run of its model on the device (a peer whose stages free
-  the same) measured to leave ``min_free`` free (:meth:`Coordination.refit`, once); the rungs
-  from one the peer measured idle up need the rung below's memory, by the ladder's own rule.
+  free nothing and leave the ladder), and one job at a time: a job holds, confirming nothing,
+  while a cheaper peer still makes room (two jobs climbing on one snapshot make it twice). A
+  room short by no more than the noise of the job's own peak is room (the estimate is coarser
+  than that). The newcomer starts once each peer's check has found that room (room made by a
+  move is confirmed at the check after a step measured it); room once confirmed is not made
+  again for that newcomer (its first step, in the readings from then on, is what the room was
+  for). The newcomer's top rung was taken before anything of it was measured: at its first
+  check in the hold band it goes down to the fastest rung that a run of its model on the device
+  (a peer whose stages free the same) measured to leave ``min_free`` free
+  (:meth:`Coordination.refit`, once); the rungs from one the peer measured idle up need the rung
+  below's memory, by the ladder's own rule.
 * **A rung that frees nothing is not given**: going down from a rung measured idle to the one
   below it is let through at once, arrival or not (the same memory, faster).
 
@@ -219,10 +221,13 @@ class Coordination:
         if (recent := self._recent(peers, now)) is not None:  # no room confirmed yet
             return kept, (), recent
         short = Decision(current.rung, current.compression, RAISE, decision.free, int(low + need))
-        cheaper = _raise_held(short, me, [p for p in peers if not p.arriving])
+        settled = [p for p in peers if not p.arriving]
+        cheaper = _raise_held(short, me, settled)
         target = controller.make_room(current, deficit * (1 + controller.margin))
         if cheaper is not None or target == current:
             return kept, names, cheaper or f"{who} arrives: no exact rung left to make room"
+        if (first := _making_room_first(me, settled, names)) is not None:
+            return kept, (), first  # not confirmed: this job's turn comes when theirs is done
         why = f"making room for {who}: {deficit / 2**20:.1f} MiB, as much as a job here measured{measured}"
         # confirmed at the next check, by a step measured at the new setting
         return Decision(target.rung, target.compression, RAISE, decision.free, decision.threshold), (), why
@@ -357,6 +362,26 @@ def _raise_held(decision: Decision, me: Tenant, peers: Sequence[Tenant]) -> str 
         if covered >= deficit:
             return f"a cheaper move of {', '.join(cheaper)} covers the {deficit / 2**20:.1f} MiB short"
     return None
+
+
+def _making_room_first(me: Tenant, peers: Sequence[Tenant], arrivals: Sequence[str]) -> str | None:
+    """Why to leave the room to cheaper peers still making it (``None``: none is): coordinating
+    peers whose next move is exact and cheaper (slowdown per GiB, then name) and that have not
+    confirmed room for every arrival. Room for an arrival is not urgent (the newcomer waits), so
+    one job moves a check and the next move is judged on what that one measured: two jobs that
+    both climb on one snapshot make room twice."""
+    mine = (me.next_cost or 0.0, me.job)
+    first = [
+        p.job
+        for p in peers
+        if p.coordinates
+        and p.next_lossy is False
+        and (p.next_cost or 0.0, p.job) < mine
+        and any(job not in p.room_for for job in arrivals)
+    ]
+    if not first:
+        return None
+    return f"{', '.join(first)} make room first: one job at a time, each move measured before the next"
 
 
 def _release_held(me: Tenant, peers: Sequence[Tenant]) -> str | None:

@@ -263,6 +263,29 @@ def test_room_for_an_arrival_is_left_to_a_cheaper_peer_and_waits_for_a_recent_ch
     assert waits == calm and room == () and "within" in why  # not in the readings yet: no room confirmed
 
 
+def test_room_for_an_arrival_is_made_by_one_job_at_a_time() -> None:
+    # 200 short of the newcomer's 100 and min_free: a's next rung (cheaper) frees 50, not enough
+    rule, ladder = Coordination(), _ladder()
+    ladder.observe(FLOOR, 3000)
+    newcomer = _tenant("c", arriving=True, held=2900)
+    calm = Decision(0, 0.0, "hold", free=100, threshold=200)
+    me = _tenant("b", **EXACT_OFFER, next_cost=0.2, coordinates=True)
+    small = {**EXACT_OFFER, "next_freed": 50.0, "coordinates": True}
+    making = _tenant("a", **small, next_cost=0.1)
+    held, room, why = rule.arrivals(calm, FLOOR, me, [making, newcomer], 0.0, ladder)
+    assert held == calm and room == () and "a make room first" in why  # nothing confirmed
+    # a on the same snapshot: nobody cheaper, it climbs (both climbing would make room twice)
+    first = _tenant("a", **small, next_cost=0.1)
+    moved, room, _ = rule.arrivals(calm, FLOOR, first, [me, newcomer], 0.0, ladder)
+    assert moved.setting.rung > 0 and room == ()
+    # once a confirmed its room (found it, or nothing exact left), b judges its own reading
+    done = _tenant("a", **small, next_cost=0.1, room_for=("c",))
+    alone = _tenant("a", **{**small, "coordinates": False}, next_cost=0.1)  # or a does not coordinate
+    for peer in (done, alone):
+        moved, room, _ = rule.arrivals(calm, FLOOR, me, [peer, newcomer], 0.0, ladder)
+        assert moved.setting.rung > 0 and room == ()
+
+
 def test_room_for_an_arrival_is_sized_by_a_top_rung_measured_and_noise_is_not_acted_on() -> None:
     # the newcomer (holding 1000) runs its first step on its top rung: 2700 where a job measured
     # it, 300 less than the 3000 measured on rung 0
