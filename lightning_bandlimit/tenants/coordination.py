@@ -8,7 +8,8 @@ waits for an answer from another):
 * **Under a shortfall** a job moves when no cheaper move of another job covers it: every exact
   move of every job comes before any job compresses (a job whose next move is lossy holds while a
   peer has an exact rung left), and among moves of one kind the cheapest first (measured slowdown
-  per GiB freed, then the job's name), each counting what it is predicted to free (a move whose
+  per GiB freed; among moves not measured yet the one predicted to free the most; then the
+  job's name), each counting what it is predicted to free (a move whose
   saving is unknown is taken to cover the shortfall: it will be measured at the next check).
   A job whose peer changed within ``dwell`` seconds holds: that change is not in the readings
   yet (the remedy for controllers that react to one signal out of step).
@@ -344,6 +345,14 @@ def _same_memory(decision: Decision, me: Tenant) -> bool:
     )
 
 
+def _order(tenant: Tenant) -> tuple[float, float, str]:
+    """Which job's next move comes first: the cheapest (measured slowdown per GiB freed; a move
+    not measured yet counts as free, to be measured), then the one predicted to free the most
+    (among moves not measured yet: a stage's recompute costs about the same whichever it is, so
+    the most freed is the least cost per byte, and the fewest moves), then the job's name."""
+    return (tenant.next_cost or 0.0, -(tenant.next_freed or 0.0), tenant.job)
+
+
 def _raise_held(decision: Decision, me: Tenant, peers: Sequence[Tenant]) -> str | None:
     lossy = decision.compression > me.compression or me.lossy  # my move compresses
     if lossy:
@@ -351,11 +360,11 @@ def _raise_held(decision: Decision, me: Tenant, peers: Sequence[Tenant]) -> str 
         if exact:
             return f"{', '.join(exact)} still have exact rungs: exact levers first, across jobs"
     deficit = max(0.0, float(decision.threshold - decision.free))
-    mine = (me.next_cost or 0.0, me.job)
+    mine = _order(me)
     covered = 0.0
     cheaper = []
-    for peer in sorted(peers, key=lambda p: (p.next_cost or 0.0, p.job)):
-        if peer.next_lossy is None or peer.next_lossy != lossy or (peer.next_cost or 0.0, peer.job) >= mine:
+    for peer in sorted(peers, key=_order):
+        if peer.next_lossy is None or peer.next_lossy != lossy or _order(peer) >= mine:
             continue
         cheaper.append(peer.job)
         covered = float("inf") if peer.next_freed is None else covered + peer.next_freed
@@ -370,13 +379,13 @@ def _making_room_first(me: Tenant, peers: Sequence[Tenant], arrivals: Sequence[s
     confirmed room for every arrival. Room for an arrival is not urgent (the newcomer waits), so
     one job moves a check and the next move is judged on what that one measured: two jobs that
     both climb on one snapshot make room twice."""
-    mine = (me.next_cost or 0.0, me.job)
+    mine = _order(me)
     first = [
         p.job
         for p in peers
         if p.coordinates
         and p.next_lossy is False
-        and (p.next_cost or 0.0, p.job) < mine
+        and _order(p) < mine
         and any(job not in p.room_for for job in arrivals)
     ]
     if not first:

@@ -129,6 +129,19 @@ def test_the_cheapest_move_first_then_the_job_name() -> None:
     assert rule.decide(RAISE, FLOOR, me, [small], now=0)[0] == RAISE
 
 
+def test_among_moves_not_measured_yet_the_one_freeing_most_goes_first() -> None:
+    # a's next rung frees 12 (a stage far from the peak), b's 48: both costs unknown
+    rule = Coordination()
+    a = _tenant("a", **{**EXACT_OFFER, "next_freed": 12.0})
+    b = _tenant("b", **{**EXACT_OFFER, "next_freed": 48.0})
+    short = Decision(1, 0.0, "raise", free=190, threshold=200)  # 10 short: either covers it
+    held, why = rule.decide(short, FLOOR, a, [b], now=0)
+    assert held.reason == "hold" and "b" in why  # not the name's order
+    assert rule.decide(short, FLOOR, b, [a], now=0)[0] == short
+    measured = _tenant("b", **{**EXACT_OFFER, "next_freed": 48.0}, next_cost=0.5)
+    assert rule.decide(short, FLOOR, a, [measured], now=0)[0] == short  # a measured cost comes after
+
+
 def test_a_lossy_move_waits_for_any_exact_rung_left_but_not_when_nothing_is_free() -> None:
     rule = Coordination(patience=5)
     me = _tenant("a", rung=2, next_lossy=True, next_freed=400.0)
