@@ -51,7 +51,9 @@ class SharedDevice(Callback):
     it goes down to the fastest exact rung that a run of its model on the device measured to
     keep ``min_free`` free (:meth:`~lightning_bandlimit.tenants.Coordination.refit`; once, and
     only the newcomer, which has the most work left: a job that made room keeps it). Under DDP
-    (one entry per rank) a job does not announce its arrival.
+    (one entry per rank) a job does not announce its arrival, nor make room for one (its ranks
+    move together, on a raise or a release): it confirms an arrival at once, as a job with no
+    exact rung left does, so nobody waits for it.
 
     What the peers hold is not others' growth to a job's ladder: on a GPU each peer counts at
     NVML's per-process memory (:meth:`~lightning_bandlimit.memory.MemoryProbe.process_memory`: its
@@ -240,7 +242,12 @@ class SharedDevice(Callback):
                 if coordinated.setting != adaptive.setting:
                     adaptive.controller.notify_change()  # a change the ladder did not decide
             else:
-                self._room_for = ()
+                # under DDP a job makes no room for arrivals (its ranks move together, on a raise
+                # or a release): nothing of it to wait for, so it confirms at once, as a job with no
+                # exact rung left does (else an arrival would wait its timeout for it, and a peer
+                # leaving it the room would make none)
+                ddp = trainer.world_size > 1
+                self._room_for = tuple(p.job for p in peers if p.arriving) if ddp else ()
                 coordinated, why = self.rule.decide(decision, adaptive.setting, me, peers, now)
                 if self._refit and trainer.world_size == 1:
                     coordinated, why = self._give_back(adaptive, coordinated, why, peers, now)

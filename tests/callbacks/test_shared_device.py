@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning_bandlimit.callbacks import AdaptiveBandLimit, SharedDevice
 from lightning_bandlimit.callbacks.ladder_decisions import held_bytes
 from lightning_bandlimit.data import SyntheticImageDataModule
+from lightning_bandlimit.ladder import Decision, Setting
 from lightning_bandlimit.memory import MemoryReading, ProbeUnavailable, ScriptedProbe
 from lightning_bandlimit.models import ImageClassifier
 from lightning_bandlimit.recompute.stages import is_checkpointed
@@ -329,3 +330,25 @@ def test_process_ids_of_another_namespace_or_a_failing_listing_fall_back_to_what
         adaptive, probe = _fit_measured(tmp_path / "b", ProbeUnavailable("NVML cannot list the processes"))
     assert adaptive.controller.peer_memory == 7 * M
     assert probe.listed == 1 and len([w for w in warned if "cannot list" in str(w.message)]) == 1
+
+
+def test_a_ddp_job_makes_no_room_for_an_arrival_and_so_confirms_it_at_once(tmp_path: Path) -> None:
+    # its ranks move together on a raise or a release: an arrival (and a peer that would leave
+    # the room to it) must not wait for room it never makes
+    from types import SimpleNamespace
+
+    folder = tmp_path / "ledger"
+    adaptive = AdaptiveBandLimit(probe=ScriptedProbe(free=[50 * M], total=TOTAL), **SCRIPTED_ADAPTIVE)
+    shared = SharedDevice(folder, job="b-job")
+    shared._adaptive, shared.ledger = adaptive, Ledger(folder, host_device(), job="b-job-rank0")
+    _peer(folder, arriving=True, held=1 * M, coordinates=True)
+    hold = Decision(0, 0.0, "hold", free=25 * M, threshold=20 * M)  # 4 MB short of the arrival's 9
+    strategy = SimpleNamespace(reduce_boolean_decision=lambda held, all: held)
+    adaptive.controller.set_stage_savings([5.0 * M, 5.0 * M])  # two exact rungs
+    adaptive.controller.observe(Setting(0, 0.0), 10 * M)
+    alone = SimpleNamespace(world_size=1, global_step=5, strategy=strategy)  # one process: makes room
+    made = shared(adaptive, alone, hold)  # type: ignore[arg-type]
+    assert made.rung > 0 and shared.ledger.last.room_for == ()  # type: ignore[union-attr]
+    ddp = SimpleNamespace(world_size=2, global_step=6, strategy=strategy)
+    assert shared(adaptive, ddp, hold) == hold  # type: ignore[arg-type]
+    assert shared.ledger.last.room_for == ("a-peer",)  # type: ignore[union-attr]
