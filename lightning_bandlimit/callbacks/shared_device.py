@@ -110,6 +110,7 @@ class SharedDevice(Callback):
         self._peers: list[Tenant] | None = None  # read for this check's decision
         self._held: int | None = None  # bytes held while arriving (None: not arriving)
         self._room_for: tuple[str, ...] = ()  # arrivals the last check made or found room for
+        self._making_room = False  # the last check moved to make room for an arrival
         self._on_top = False  # the first step runs on the top rung (arrived beside peers)
         self._refit = False  # arrived on its top rung: give back what is not needed, once
         self._by_process: bool | None = None  # peers measured per process (None: not known yet)
@@ -138,7 +139,12 @@ class SharedDevice(Callback):
         assert self.ledger is not None and self._adaptive is not None
         cb = self._adaptive
         entry = offer(cb.controller, cb.setting if setting is None else setting)
-        arriving = {"arriving": self._held is not None, "held": self._held, "room_for": self._room_for}
+        arriving = {
+            "arriving": self._held is not None,
+            "held": self._held,
+            "room_for": self._room_for,
+            "making_room": self._making_room,
+        }
         return self.ledger.publish(  # type: ignore[arg-type]
             **entry, **arriving, coordinates=self.coordinate, changed_at=self._changed_at
         )
@@ -239,6 +245,7 @@ class SharedDevice(Callback):
                 coordinated, self._room_for, why = self.rule.arrivals(
                     decision, adaptive.setting, me, peers, now, adaptive.controller
                 )
+                self._making_room = coordinated.reason == RAISE and coordinated.setting != adaptive.setting
                 if coordinated.setting != adaptive.setting:
                     adaptive.controller.notify_change()  # a change the ladder did not decide
             else:
@@ -248,6 +255,7 @@ class SharedDevice(Callback):
                 # leaving it the room would make none)
                 ddp = trainer.world_size > 1
                 self._room_for = tuple(p.job for p in peers if p.arriving) if ddp else ()
+                self._making_room = False
                 coordinated, why = self.rule.decide(decision, adaptive.setting, me, peers, now)
                 if self._refit and trainer.world_size == 1:
                     coordinated, why = self._give_back(adaptive, coordinated, why, peers, now)
@@ -267,7 +275,10 @@ class SharedDevice(Callback):
             decision = coordinated
         if decision.setting != adaptive.setting:  # peers see the change (and dwell) at once
             self._changed_at = now
-        if decision.setting != adaptive.setting or self._room_for != me.room_for:
+        if decision.setting != adaptive.setting or (self._room_for, self._making_room) != (
+            me.room_for,
+            me.making_room,
+        ):
             self._publish(decision.setting)
         return decision
 

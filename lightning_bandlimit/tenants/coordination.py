@@ -29,7 +29,8 @@ waits for an answer from another):
   same rule; when no rung is known to make the room, one rung a check, each measured before
   the next (the newcomer waits, so there is time to learn which rungs free memory, and which
   free nothing and leave the ladder), and one job at a time: a job holds, confirming nothing,
-  while a cheaper peer still makes room (two jobs climbing on one snapshot make it twice). A
+  while a peer still makes room (its last check moved for it, or its next exact move is
+  cheaper; two jobs climbing on one snapshot make it twice). A
   room short by no more than the noise of the job's own peak is room (the estimate is coarser
   than that). The newcomer starts once each peer's check has found that room (room made by a
   move is confirmed at the check after a step measured it); room once confirmed is not made
@@ -374,19 +375,20 @@ def _raise_held(decision: Decision, me: Tenant, peers: Sequence[Tenant]) -> str 
 
 
 def _making_room_first(me: Tenant, peers: Sequence[Tenant], arrivals: Sequence[str]) -> str | None:
-    """Why to leave the room to cheaper peers still making it (``None``: none is): coordinating
-    peers whose next move is exact and cheaper (slowdown per GiB, then name) and that have not
-    confirmed room for every arrival. Room for an arrival is not urgent (the newcomer waits), so
-    one job moves a check and the next move is judged on what that one measured: two jobs that
-    both climb on one snapshot make room twice."""
+    """Why to leave the room to peers still making it (``None``: none is): coordinating peers
+    that have not confirmed room for every arrival and either moved for it at their last check
+    (:attr:`Tenant.making_room`: the move not measured yet) or have a cheaper exact move next
+    (slowdown per GiB, then name). Room for an arrival is not urgent (the newcomer waits), so one
+    job moves a check and the next move is judged on what that one measured: two jobs that both
+    climb on one snapshot make room twice. (A job that holds here publishes no move, so two jobs
+    that moved on one snapshot both hold once, then judge afresh.)"""
     mine = _order(me)
     first = [
         p.job
         for p in peers
         if p.coordinates
-        and p.next_lossy is False
-        and _order(p) < mine
         and any(job not in p.room_for for job in arrivals)
+        and (p.making_room or (p.next_lossy is False and _order(p) < mine))
     ]
     if not first:
         return None

@@ -61,6 +61,8 @@ class Tenant:
         arriving: whether it is about to run its first step (its memory not measured yet).
         held: bytes it holds while arriving, before its first step.
         room_for: the arriving jobs its last check made room for (or found room for).
+        making_room: whether its last check moved to make room for an arrival (the move not
+            measured yet: others leave the room to it until its next check).
     """
 
     job: str
@@ -84,6 +86,7 @@ class Tenant:
     arriving: bool = False
     held: int | None = None
     room_for: tuple[str, ...] = ()
+    making_room: bool = False
 
     def setting_differs(self, setting: Any) -> bool:
         """Whether ``setting`` (a ladder :class:`~lightning_bandlimit.ladder.Setting`) is not this entry's."""

@@ -241,6 +241,40 @@ def test_an_arrival_finds_room_made_by_exact_rungs_before_its_first_step(tmp_pat
     assert setting == FLOOR and free < 0  # unannounced, the newcomer's first step overdraws
 
 
+def test_two_incumbents_on_one_snapshot_make_the_room_once(tmp_path: Path) -> None:
+    # a and b at rung 0 (3000 each), a newcomer holding 1000 that needs 2000 more: 250 short of
+    # min_free (200) on a device of 8950; one job's rung 2 (hinted 300) makes the room, its rung 1
+    # (150, what it publishes as its next move) does not. Each round both check in turn on the
+    # device as it was at the round's start (a move shows in memory after the next step).
+    total, held = 8950, 1000
+    ladders = {job: _ladder() for job in "ab"}
+    ledgers = {job: Ledger(tmp_path, "gpu-0", job=job) for job in "ab"}
+    settings = dict.fromkeys("ab", FLOOR)
+    rules = {job: Coordination() for job in "ab"}
+    for job in "ab":
+        ladders[job].observe(FLOOR, _memory(FLOOR))
+        ledgers[job].publish(**offer(ladders[job], FLOOR), coordinates=True)
+    Ledger(tmp_path, "gpu-0", job="c").publish(arriving=True, held=held, coordinates=True)
+    confirmed: dict[str, tuple[str, ...]] = {}
+    making = dict.fromkeys("ab", False)  # what SharedDevice publishes: the last check moved for room
+    for _ in range(3):
+        free = int(total - held - sum(_memory(s) for s in settings.values()))
+        for job in "ab":
+            ladder, setting = ladders[job], settings[job]
+            ladder.observe(setting, _memory(setting))
+            decision = ladder.decide(MemoryReading(total, free, "scripted"), setting)
+            mine = {"coordinates": True, "room_for": confirmed.get(job, ()), "making_room": making[job]}
+            me = ledgers[job].publish(**offer(ladder, setting), **mine)
+            decision, room, _ = rules[job].arrivals(decision, setting, me, ledgers[job].peers(), 1.0, ladder)
+            making[job] = decision.reason == "raise" and decision.setting != setting
+            settings[job], confirmed[job] = decision.setting, room
+            mine = {"coordinates": True, "room_for": room, "making_room": making[job]}
+            ledgers[job].publish(**offer(ladder, settings[job]), **mine)
+    assert settings == {"a": Setting(2, 0.0), "b": FLOOR}  # a made the room; b, left it to a, kept rung 0
+    assert confirmed == {"a": ("c",), "b": ("c",)}
+    assert total - held - sum(_memory(s) for s in settings.values()) - 2000 >= 200  # the room is there
+
+
 def test_while_a_peer_arrives_nothing_is_given_back_nor_compressed() -> None:
     rule, ladder = Coordination(), _ladder()
     ladder.observe(FLOOR, 3000)
