@@ -43,8 +43,9 @@ class SharedDevice(Callback):
     A job arriving beside coordinating peers announces itself before its first step (which
     measures it), waits up to ``arrival_timeout`` seconds for each peer's check to make room for
     it (exact rungs only, as much as the largest memory a job there measured on its top rung,
-    else at all, less what the newcomer holds already; one job at a time, the cheapest first; a
-    rung a check, each measured, when none is known to make the room), and runs that step on its
+    else the largest of each job's least peak on an exact rung, less what the newcomer holds
+    already; one job at a time, the cheapest first; a rung a check, each measured, when none is
+    known to make the room), and runs that step on its
     top rung (what each stage frees is then measured on samples of the units' inputs, so the job
     gives its rungs back in one change when there is room); while it arrives, no peer gives anything
     back. Its top rung was taken before it was measured: at its first check in the hold band

@@ -23,12 +23,15 @@ waits for an answer from another):
   job announces itself (with the bytes it already holds) and runs that step on its top rung.
   While a peer arrives, a job gives nothing back, and it makes room for the peer
   (:meth:`Coordination.arrivals`): as much as the largest memory a job there measured on its
-  top rung (where the newcomer's first step runs), else the largest it measured at all, less
-  what the newcomer holds already (jobs sharing a device are often runs of one sweep), by exact
-  rungs only (never a compression for memory not measured yet), the cheapest job first by the
-  same rule; when no rung is known to make the room, one rung a check, each measured before
-  the next (the newcomer waits, so there is time to learn which rungs free memory, and which
-  free nothing and leave the ladder), and one job at a time: a job holds, confirming nothing,
+  top rung (where the newcomer's first step runs), else the largest of each job's least peak on
+  an exact rung (a rung more never needs more memory), less what the newcomer holds already
+  (jobs sharing a device are often runs of one sweep), by exact rungs only (never a compression
+  for memory not measured yet), the cheapest job first by the same rule. Where that estimate is
+  the job's own peak, a rung it climbs lowers the estimate as much as it frees (for each
+  newcomer, down to the others' least): the least rung predicted to make the room so; when no
+  rung is known to make the room, one rung a check, each measured before the next (the newcomer
+  waits, so there is time to learn which rungs free memory, and which free nothing and leave
+  the ladder), and one job at a time: a job holds, confirming nothing,
   while a peer still makes room (its last check moved for it, or its next exact move is
   cheaper; two jobs climbing on one snapshot make it twice). A
   room short by no more than the noise of the job's own peak is room (the estimate is coarser
@@ -39,7 +42,8 @@ waits for an answer from another):
   check in the hold band it goes down to the fastest rung that a run of its model on the device
   (a peer whose stages free the same) measured to leave ``min_free`` free
   (:meth:`Coordination.refit`, once); the rungs from one the peer measured idle up need the rung
-  below's memory, by the ladder's own rule.
+  below's memory, by the ladder's own rule, and a peer that never ran the newcomer's rung lends
+  its own peak (the figure the room was sized on).
 * **A rung that frees nothing is not given**: going down from a rung measured idle to the one
   below it is let through at once, arrival or not (the same memory, faster).
 
@@ -211,10 +215,20 @@ class Coordination:
         tops += [] if mine is None else [mine]
         if not known:
             return kept, names, None  # nothing measured here: no estimate to make room for
-        estimate, measured = (max(tops), " on its top rung") if tops else (max(known), "")
+        # a rung more never needs more memory: each job's least peak on an exact rung bounds what
+        # its top rung needs, where nobody measured one
+        leasts = [_least_peak(p) for p in peers if not p.arriving and (p.rung_peaks or p.memory is not None)]
+        least = min(controller.rung_memory.points.values(), default=None)
+        if tops:
+            estimate, measured = max(tops), " on its top rung"
+        elif leasts or least is not None:
+            estimate, measured = max([*leasts, *([] if least is None else [least])]), " on its highest rung"
+        else:
+            estimate, measured = max(known), ""
         # room this job confirmed already: that newcomer may be running its first step, its
         # memory is in the readings now (counting it again would make room twice)
-        need = sum(max(0.0, estimate - (p.held or 0)) for p in arriving if p.job not in me.room_for)
+        waiting = [p for p in arriving if p.job not in me.room_for]
+        need = sum(max(0.0, estimate - (p.held or 0)) for p in waiting)
         low = decision.threshold if controller.min_free_bytes is None else controller.min_free_bytes
         deficit = need + low - decision.free  # to keep min_free free after the arrival
         who = ", ".join(names)
@@ -225,7 +239,13 @@ class Coordination:
         short = Decision(current.rung, current.compression, RAISE, decision.free, int(low + need))
         settled = [p for p in peers if not p.arriving]
         cheaper = _raise_held(short, me, settled)
-        target = controller.make_room(current, deficit * (1 + controller.margin))
+        to_free = deficit
+        if not tops and least is not None and least == estimate and controller.predict(current) == least:
+            # the estimate is this job's own peak here: what a rung frees lowers it too, for every
+            # newcomer waiting, down to the largest of the others' (and of what each holds)
+            floor = max([*leasts, *(float(p.held or 0) for p in waiting)], default=0.0)
+            to_free = max(deficit / (1 + len(waiting)), deficit - len(waiting) * (least - floor))
+        target = controller.make_room(current, to_free * (1 + controller.margin))
         if cheaper is not None or target == current:
             return kept, names, cheaper or f"{who} arrives: no exact rung left to make room"
         if (first := _making_room_first(me, settled, names)) is not None:
@@ -248,7 +268,9 @@ class Coordination:
         hold band, ``release_free - min_free``, as slack) by what a run of the same model
         measured: a peer whose stages free the same (the ranges :attr:`Tenant.stage_least` to
         ``stage_most`` of each stage meet, within 10 %) and that measured both rungs adds its
-        difference to the job's measured peak (the largest such difference). ``decision``
+        difference to the job's measured peak (the largest such difference); where no such peer
+        measured the job's rung, the peer's peak on the rung against the job's own (the room for
+        the arrival was sized on that peer's peak: runs of one model need the same). ``decision``
         unchanged (and ``None``) under pressure or above the hold band, while a peer arrives or
         changed within ``dwell``, or when no rung is known to fit.
 
@@ -283,6 +305,8 @@ class Coordination:
         twins = [_twin_peaks(p, controller.rungs) for p in peers if _same_stages(p, controller)]
         for rung in range(current.rung):  # the fastest first
             added = [t[rung] - t[current.rung] for t in twins if rung in t and current.rung in t]
+            if not added:  # no twin measured this job's rung: a twin's peak there against its own
+                added = [t[rung] - mine[current.rung] for t in twins if rung in t]
             if rung in mine:
                 added = [mine[rung] - mine[current.rung]]
             need = max(added, default=0) * (1 + controller.margin)  # a measure has its noise too
@@ -308,6 +332,11 @@ class Coordination:
 def _top_memory(controller: LadderController) -> float | None:
     """The job's measured peak on its top rung (``None``: not measured there, or no rungs)."""
     return controller.rung_memory.points.get(controller.top) if controller.top else None
+
+
+def _least_peak(peer: Tenant) -> float:
+    """A peer's least peak on an exact rung (its memory where it measured none)."""
+    return float(min(b for _, b in peer.rung_peaks) if peer.rung_peaks else peer.memory)  # type: ignore[arg-type]
 
 
 def _twin_peaks(peer: Tenant, rungs: int) -> dict[int, int]:

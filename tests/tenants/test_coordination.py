@@ -364,6 +364,49 @@ def test_room_for_an_arrival_is_sized_by_a_top_rung_measured_and_noise_is_not_ac
         assert (decision == short and room == ("b",)) if confirmed else decision.setting.rung > 0
 
 
+def _four_rungs(*rungs: int) -> LadderController:
+    """A job of four rungs (each hinted and measured to free 150) measured on ``rungs``."""
+    ladder = LadderController(rungs=4, min_free=200, release_free=400)
+    ladder.set_stage_savings([150.0] * 4)
+    for rung in rungs:
+        ladder.observe(Setting(rung, 0.0), _memory(Setting(rung, 0.0)))
+    return ladder
+
+
+def test_room_for_an_arrival_is_sized_by_the_least_peak_a_job_measured_where_no_top_rung_was() -> None:
+    # a rung more never needs more memory: the newcomer's first step (on its top rung) needs at
+    # most the 2850 this job measured on rung 1, not the 3000 of its rung 0
+    newcomer = _tenant("b", arriving=True, held=1000)
+    calm = Decision(1, 0.0, "hold", free=2100, threshold=200)  # room for 1900 more and min_free
+    rule = Coordination()
+    stays, room, _ = rule.arrivals(calm, Setting(1, 0.0), _tenant("a"), [newcomer], 0.0, _four_rungs(0, 1))
+    assert stays == calm and room == ("b",)
+    # a peer whose least is 2950 (a job that measured no rung counts at its memory)
+    for peer in (_tenant("c", rung_peaks=((0, 3100), (1, 2950))), _tenant("c", memory=2950)):
+        ladder = _four_rungs(0, 1)
+        moved, room, why = rule.arrivals(calm, Setting(1, 0.0), _tenant("a"), [peer, newcomer], 0.0, ladder)
+        assert moved.setting.rung > 1 and room == () and "on its highest rung" in why
+
+
+def test_room_sized_by_the_job_own_peak_is_made_by_the_rung_that_lowers_both() -> None:
+    # 500 short of the newcomer's 2000 (as the job's 3000 on rung 0) and min_free: each rung frees
+    # 150 and lowers the estimate by as much, so rung 2 (300 freed, 300 less needed) makes the room
+    newcomer = _tenant("b", arriving=True, held=1000)
+    calm = Decision(0, 0.0, "hold", free=1700, threshold=200)
+    rule = Coordination()
+    moved, room, _ = rule.arrivals(calm, FLOOR, _tenant("a"), [newcomer], 0.0, _four_rungs(0))
+    assert moved.setting == Setting(2, 0.0) and room == ()
+    ladder = _four_rungs(0, 2)  # the next check: measured there, 2000 free
+    after = Decision(2, 0.0, "hold", free=2000, threshold=200)
+    stays, room, _ = rule.arrivals(after, Setting(2, 0.0), _tenant("a"), [newcomer], 0.0, ladder)
+    assert stays == after and room == ("b",)
+    assert 2000 - (_memory(Setting(4, 0.0)) - 1000) >= 200  # its first step on rung 4 fits
+    # a peer's least (2900) bounds how far the estimate falls: rung 3 (450 freed, 100 less needed)
+    peer = _tenant("c", rung_peaks=((0, 2900),))
+    moved, room, _ = rule.arrivals(calm, FLOOR, _tenant("a"), [peer, newcomer], 0.0, _four_rungs(0))
+    assert moved.setting == Setting(3, 0.0) and room == ()
+
+
 def test_room_once_confirmed_is_not_made_again_while_the_newcomer_runs_its_first_step() -> None:
     ladder = _ladder()
     ladder.observe(FLOOR, 3000)

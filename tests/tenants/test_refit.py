@@ -49,7 +49,7 @@ def test_without_a_twin_that_measured_the_rungs_nothing_is_refitted() -> None:
         [_twin(stages=(48, 24, 12))],  # another model: other stages
         [_twin(stages=(30, 24, 12, 6))],  # another model: stage 1 frees less
         [_twin(stage_most=(48, 24, 12))],  # an entry that does not add up
-        [_twin(rung_peaks=((0, 1123), (1, 1075)))],  # not measured on rung 4 (the job's rung)
+        [_twin(rung_peaks=((0, 1190), (1, 1142)))],  # not on rung 4, and its own peaks do not fit
     ):
         assert rule.refit(hold, TOP, peers, 0.0, ladder) == (hold, None)
     # the same model: its figures within this job's ranges [48, 64], [24, 36], ... (10 % either side)
@@ -94,14 +94,33 @@ def test_a_twin_that_found_its_upper_rungs_idle_vouches_for_the_rung_below_them(
     assert Coordination().refit(hold, TOP, [twin], 0.0, ladder)[0].setting == Setting(2, 0.0)
     ladder, hold = _ladder(free=30, margin=0.1)
     assert Coordination().refit(hold, TOP, [twin], 0.0, ladder)[0].setting == Setting(1, 0.0)
-    # no idle rung judged: rung 4's memory is not known from rungs 0-3
-    unjudged = _twin(rung_peaks=((0, 1123), (1, 1075), (2, 1066), (3, 1066)))
+    # no idle rung judged: rung 4's memory is not known from rungs 0-3, and the twin's own peak
+    # on rung 2 is 9 over this job's on rung 4, for 6 spare
+    unjudged = _twin(rung_peaks=((0, 1123), (1, 1085), (2, 1076), (3, 1076)))
     ladder, hold = _ladder(free=18)
     assert Coordination().refit(hold, TOP, [unjudged], 0.0, ladder) == (hold, None)
     # a rung the twin measured above its idle one is its own measure, not the rung below's
     measured = _twin(rung_peaks=((0, 1123), (1, 1075), (2, 1066), (3, 1066), (4, 1050)), idle_from=3)
     ladder, hold = _ladder(free=18)  # rung 2 is +16 over rung 4 by that measure
     assert Coordination().refit(hold, TOP, [measured], 0.0, ladder) == (hold, None)
+
+
+def test_a_twin_that_did_not_measure_the_jobs_rung_vouches_by_its_own_peaks() -> None:
+    # the quickstart pair: the incumbent made room by rungs 0 -> 2 and never ran rungs 3-4; the
+    # newcomer measured 1067 on its top rung. The twin's peak on rung 2 (1064) against it: -3
+    twin = _twin(rung_peaks=((0, 1123), (2, 1064)))
+    ladder, hold = _ladder(free=18)  # 6 over min_free: rung 2 fits, rung 0 (+56) does not
+    refitted, why = Coordination().refit(hold, TOP, [twin], 0.0, ladder)
+    assert refitted.setting == Setting(2, 0.0) and "rung 2" in why
+    ladder, hold = _ladder(free=70)  # 58 spare: rung 0 (+56) fits
+    assert Coordination().refit(hold, TOP, [twin], 0.0, ladder)[0].setting == Setting(0, 0.0)
+    ladder, hold = _ladder(free=18)
+    more = _twin(rung_peaks=((0, 1123), (2, 1080)))  # its rung 2 is 13 over this job's rung 4
+    assert Coordination().refit(hold, TOP, [more], 0.0, ladder) == (hold, None)
+    # a twin that measured both rungs gives their difference, which outranks a peak against a peak
+    both = _twin("c", rung_peaks=((0, 1123), (2, 1064), (4, 1050)))  # rung 2 is +14 over rung 4
+    ladder, hold = _ladder(free=18)
+    assert Coordination().refit(hold, TOP, [twin, both], 0.0, ladder) == (hold, None)
 
 
 def test_offer_publishes_the_measured_rungs_and_the_stages_least() -> None:
