@@ -352,3 +352,35 @@ def test_a_ddp_job_makes_no_room_for_an_arrival_and_so_confirms_it_at_once(tmp_p
     ddp = SimpleNamespace(world_size=2, global_step=6, strategy=strategy)
     assert shared(adaptive, ddp, hold) == hold  # type: ignore[arg-type]
     assert shared.ledger.last.room_for == ("a-peer",)  # type: ignore[union-attr]
+
+
+@pytest.mark.slow
+def test_a_real_ddp_job_confirms_an_arrival_while_it_trains(tmp_path: Path) -> None:
+    # two DDP processes beside a newcomer this test announces: both rank entries confirm its room
+    # while the job still trains (without the DDP rule they never would, and the newcomer would
+    # wait its arrival_timeout), and the job changes nothing for it
+    from _helpers import run_ddp_script
+
+    folder = tmp_path / "ledger"
+    ranks: list[dict[str, Any]] = []
+    script = Path(__file__).with_name("ddp_shared_device_script.py")
+    job = threading.Thread(
+        target=lambda: ranks.extend(run_ddp_script(script, tmp_path, BANDLIMIT_LEDGER=str(folder)))
+    )
+    job.start()
+    newcomer = Ledger(folder, host_device(), job="newcomer")
+    entries: list[Tenant] = []
+    while job.is_alive() and len(entries) < 2:  # both ranks publish at setup
+        entries = [p for p in newcomer.peers() if p.job.startswith("ddp-rank")]
+        time.sleep(0.05)
+    newcomer.publish(arriving=True, held=1 * M, coordinates=True)
+    confirmed: set[str] = set()
+    while job.is_alive() and len(confirmed) < 2:
+        confirmed = {p.job for p in newcomer.peers() if "newcomer" in p.room_for}
+        time.sleep(0.05)
+    newcomer.leave()
+    job.join(timeout=300)
+    assert confirmed == {"ddp-rank0", "ddp-rank1"}  # before the job ended
+    assert len(ranks) == 2 and ranks[0]["steps"] == ranks[1]["steps"] == 48
+    assert ranks[0]["timeline"] == ranks[1]["timeline"]
+    assert {tuple(t[1:]) for t in ranks[0]["timeline"]} == {(0, 0.0)}  # no room made, nothing changed
