@@ -92,14 +92,18 @@ def _destroy_process_group() -> None:
         torch.distributed.destroy_process_group()
 
 
+def close_process_group_at_exit() -> None:
+    """In a script: close the process group before the interpreter exits (one left to the exit
+    can abort it, "terminate called without an active exception", seen on a loaded machine)."""
+    atexit.register(_destroy_process_group)
+
+
 class Report(pl.Callback):
     """In a script: writes ``$BANDLIMIT_OUT/rank<r>.json``, what ``collect`` returns when training ends."""
 
     def __init__(self, collect: Callable[[pl.Trainer, pl.LightningModule], dict[str, Any]]) -> None:
         self.collect = collect
-        # a process group left to the interpreter's exit can abort it ("terminate called without
-        # an active exception", seen once on a loaded machine): close it before
-        atexit.register(_destroy_process_group)
+        close_process_group_at_exit()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         out = Path(os.environ["BANDLIMIT_OUT"]) / f"rank{trainer.global_rank}.json"

@@ -11,7 +11,6 @@ Each rank writes <out>/<tag>-rank<r>.json: the indices it trained on, per step, 
 the strategy's state, so the test can check exactly-once data, the schedule and the rule.
 """
 
-import atexit
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from _helpers import close_process_group_at_exit
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
@@ -120,16 +120,8 @@ class SigtermAt(pl.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _destroy_process_group() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-
-
 def main() -> None:
-    # a process group left to the interpreter's exit can abort it ("terminate called without an
-    # active exception": a rank of test_resize_2_to_1_to_2_exactly_once_on_the_curve, once, in a
-    # fresh-clone CI run), as the other DDP scripts' Report does: close it before
-    atexit.register(_destroy_process_group)
+    close_process_group_at_exit()  # a rank once aborted at exit without it (as Report does)
     cfg = json.loads(sys.argv[1])
     out = Path(cfg["out"])
     pl.seed_everything(0)
