@@ -40,21 +40,21 @@ class SharedDevice(Callback):
     tenant without it is a co-tenant as before. The entries are grouped by device: a GPU's UUID
     (``torch.cuda.get_device_properties``), or the host on CPU.
 
-    A job arriving beside coordinating peers announces itself before its first step (which
-    measures it), waits up to ``arrival_timeout`` seconds for each peer's check to make room for
-    it (exact rungs only, as much as the largest memory a job there measured on its top rung,
-    else the largest of each job's least peak on an exact rung, less what the newcomer holds
-    already; one job at a time, the cheapest first; a rung a check, each measured, when none is
-    known to make the room), and runs that step on its
-    top rung (what each stage frees is then measured on samples of the units' inputs, so the job
-    gives its rungs back in one change when there is room); while it arrives, no peer gives anything
-    back. Its top rung was taken before it was measured: at its first check in the hold band
-    it goes down to the fastest exact rung that a run of its model on the device measured to
-    keep ``min_free`` free (:meth:`~lightning_bandlimit.tenants.Coordination.refit`; once, and
-    only the newcomer, which has the most work left: a job that made room keeps it). Under DDP
-    (one entry per rank) a job does not announce its arrival, nor make room for one (its ranks
-    move together, on a raise or a release): it confirms an arrival at once, as a job with no
-    exact rung left does, so nobody waits for it.
+    A job arriving beside coordinating peers announces itself before its first step (which measures
+    it), waits up to ``arrival_timeout`` seconds for each peer's check to make room for it
+    (exact rungs only, as much as the largest memory a job there measured on its top rung, else
+    the largest of each job's least peak on an exact rung, less what the newcomer holds already;
+    one job at a time, the cheapest first; a rung a check, each measured, when none is known to
+    make the room), and runs that step on its top rung (what each stage frees is then measured
+    on samples of the units' inputs, so the job gives its rungs back in one change when there is
+    room); while it arrives, no peer gives anything back. Its top rung was taken before it was
+    measured: at its first check in the hold band it goes down to the fastest exact rung that a
+    run of its model on the device measured to keep ``min_free`` free
+    (:meth:`~lightning_bandlimit.tenants.Coordination.refit`; once, and only the newcomer, which
+    has the most work left: a job that made room keeps it). Under DDP (one entry per rank) a job
+    does not announce its arrival, nor make room for one (its ranks move together, on a raise or
+    a release): it confirms an arrival at once, as a job with no exact rung left does, so nobody
+    waits for it.
 
     What the peers hold is not others' growth to a job's ladder: on a GPU each peer counts at
     NVML's per-process memory (:meth:`~lightning_bandlimit.memory.MemoryProbe.process_memory`: its

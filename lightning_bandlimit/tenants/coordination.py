@@ -22,28 +22,27 @@ waits for an answer from another):
 * **Room for an arrival.** A job's memory is unknown until its first step has run; an arriving
   job announces itself (with the bytes it already holds) and runs that step on its top rung.
   While a peer arrives, a job gives nothing back, and it makes room for the peer
-  (:meth:`Coordination.arrivals`): as much as the largest memory a job there measured on its
-  top rung (where the newcomer's first step runs), else the largest of each job's least peak on
-  an exact rung (a rung more never needs more memory), less what the newcomer holds already
-  (jobs sharing a device are often runs of one sweep), by exact rungs only (never a compression
-  for memory not measured yet), the cheapest job first by the same rule. Where that estimate is
-  the job's own peak, a rung it climbs lowers the estimate as much as it frees (for each
-  newcomer, down to the others' least): the least rung predicted to make the room so; when no
-  rung is known to make the room, one rung a check, each measured before the next (the newcomer
-  waits, so there is time to learn which rungs free memory, and which free nothing and leave
-  the ladder), and one job at a time: a job holds, confirming nothing,
-  while a peer still makes room (its last check moved for it, or its next exact move is
-  cheaper; two jobs climbing on one snapshot make it twice). A
-  room short by no more than the noise of the job's own peak is room (the estimate is coarser
-  than that). The newcomer starts once each peer's check has found that room (room made by a
-  move is confirmed at the check after a step measured it); room once confirmed is not made
-  again for that newcomer (its first step, in the readings from then on, is what the room was
-  for). The newcomer's top rung was taken before anything of it was measured: at its first
-  check in the hold band it goes down to the fastest rung that a run of its model on the device
-  (a peer whose stages free the same) measured to leave ``min_free`` free
-  (:meth:`Coordination.refit`, once); the rungs from one the peer measured idle up need the rung
-  below's memory, by the ladder's own rule, and a peer that never ran the newcomer's rung lends
-  its own peak (the figure the room was sized on).
+  (:meth:`Coordination.arrivals`): as much as the largest memory a job there measured on its top
+  rung (where the newcomer's first step runs), else the largest of each job's least peak on an
+  exact rung (a rung more never needs more memory), less what the newcomer holds already (jobs
+  sharing a device are often runs of one sweep), by exact rungs only (never a compression for
+  memory not measured yet), the cheapest job first by the same rule. Where that estimate is the
+  job's own peak, a rung it climbs lowers the estimate as much as it frees (for each newcomer,
+  down to the others' least): the least rung predicted to make the room so; when no rung is
+  known to make the room, one rung a check, each measured before the next (the newcomer waits,
+  so there is time to learn which rungs free memory, and which free nothing and leave the
+  ladder), and one job at a time: a job holds, confirming nothing, while a peer still makes room
+  (its last check moved for it, or its next exact move is cheaper; two jobs climbing on one
+  snapshot make it twice). A room short by no more than the noise of the job's own peak is room
+  (the estimate is coarser than that). The newcomer starts once each peer's check has found that
+  room (room made by a move is confirmed at the check after a step measured it); room once
+  confirmed is not made again for that newcomer (its first step, in the readings from then on,
+  is what the room was for). The newcomer's top rung was taken before anything of it was
+  measured: at its first check in the hold band it goes down to the fastest rung that a run of
+  its model on the device (a peer whose stages free the same) measured to leave ``min_free``
+  free (:meth:`Coordination.refit`, once); the rungs from one the peer measured idle up need the
+  rung below's memory, by the ladder's own rule, and a peer that never ran the newcomer's rung
+  lends its own peak (the figure the room was sized on).
 * **A rung that frees nothing is not given**: going down from a rung measured idle to the one
   below it is let through at once, arrival or not (the same memory, faster).
 
@@ -219,10 +218,11 @@ class Coordination:
         # its top rung needs, where nobody measured one
         leasts = [_least_peak(p) for p in peers if not p.arriving and (p.rung_peaks or p.memory is not None)]
         least = min(controller.rung_memory.points.values(), default=None)
+        own = [] if least is None else [least]
         if tops:
             estimate, measured = max(tops), " on its top rung"
-        elif leasts or least is not None:
-            estimate, measured = max([*leasts, *([] if least is None else [least])]), " on its highest rung"
+        elif leasts or own:
+            estimate, measured = max(leasts + own), " on its highest rung"
         else:
             estimate, measured = max(known), ""
         # room this job confirmed already: that newcomer may be running its first step, its
