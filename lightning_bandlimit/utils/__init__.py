@@ -2,6 +2,7 @@
 
 ``validation`` (argument checks with torch-like errors), ``files`` (atomic writes),
 ``versions`` (the library versions a result depends on), ``tables`` (Markdown tables),
-``units`` (byte units: ``MIB``, ``GIB``) and ``stats`` (Student-t intervals of a mean and of paired differences).
+``units`` (byte units: ``MIB``, ``GIB``) and ``stats`` (Student-t intervals of a mean and of
+paired differences).
 Everything else in the package may import from here; nothing here imports the rest.
 """
