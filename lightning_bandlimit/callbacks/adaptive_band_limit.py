@@ -20,13 +20,7 @@ from lightning_bandlimit.callbacks.ladder_decisions import (
     log_decision,
     read_job,
 )
-from lightning_bandlimit.callbacks.ladder_stages import (
-    FallbackReport,
-    Profiling,
-    describe_stages,
-    failed_trials,
-    find_stages,
-)
+from lightning_bandlimit.callbacks.ladder_stages import ExactRungs, describe_stages, find_stages
 from lightning_bandlimit.callbacks.out_of_memory import free_memory, guard_fit, unguard_training_step
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.reasons import OOM
@@ -36,11 +30,14 @@ from lightning_bandlimit.layers.surgery import Patterns, normalize_patterns
 from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable, auto_probe
 from lightning_bandlimit.memory.process import release_cached_memory
 from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
-from lightning_bandlimit.recompute.stages import CheckpointStages
 from lightning_bandlimit.utils.validation import check_choice, check_compression, check_int, check_selection
 
 LEVERS = ("checkpoint", "compression")
 CONTINUUM_RUNGS = ("auto", "top", "zero")
+# The compression the units are also tried at when checkpointed (with the lossy lever): the
+# middle of the range the continuum runs over, where a unit keeping its kept spectrum differs
+# most from its plain forward.
+TRIAL_COMPRESSION = 0.5
 
 __all__ = ["AdaptiveBandLimit"]
 
@@ -205,11 +202,7 @@ class AdaptiveBandLimit(BandLimit):
         self.probe: MemoryProbe | None = probe if isinstance(probe, MemoryProbe) else None
         self.oom_backstop = oom_backstop
         self.decisions: list[dict[str, Any]] = []
-        self._stages: CheckpointStages | None = None
-        self._rung = 0  # until the stages are known (then theirs), e.g. restored from a checkpoint
-        self._profiling: Profiling | None = None  # the first training step, measuring the units
-        self._fallbacks = FallbackReport()
-        self._saved_stages: list[list[str]] | None = None  # from a checkpoint, until applied
+        self._rungs = ExactRungs(None)
         self._meter: SavedTensorMeter | None = None
         self._job_peak: int | None = None
         self._device: torch.device | None = None
@@ -220,18 +213,12 @@ class AdaptiveBandLimit(BandLimit):
 
     @property
     def rung(self) -> int:
-        """The rung the job runs at: the checkpointed stages' own once they are known."""
-        return self._stages.rung if self._staged() else self._rung
+        """The rung the job runs at (checkpointed stages)."""
+        return self._rungs.rung
 
     @rung.setter
     def rung(self, rung: int) -> None:
-        if not self._staged():
-            self._rung = rung
-        elif rung != self._stages.rung:  # type: ignore[union-attr]
-            self._stages.apply(rung)  # type: ignore[union-attr]
-
-    def _staged(self) -> bool:
-        return self._stages is not None and self._stages.stages is not None
+        self._rungs.rung = rung
 
     @property
     def setting(self) -> Setting:
@@ -241,7 +228,7 @@ class AdaptiveBandLimit(BandLimit):
     @property
     def checkpointed_units(self) -> list[str]:
         """Names of the units checkpointed now."""
-        return self._stages.checkpointed() if self._stages is not None else []
+        return self._rungs.checkpointed()
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -249,29 +236,19 @@ class AdaptiveBandLimit(BandLimit):
         self._device = trainer.strategy.root_device
         if self.probe is None and self._probe_spec == "auto":
             self.probe = auto_probe(self._device)  # warns once itself when it falls back or gives up
-        if stage == "fit" and "checkpoint" in self.levers and self._stages is None:
-            self._stages = find_stages(pl_module, self.checkpoint_units)
+        if stage == "fit" and "checkpoint" in self.levers and self._rungs.stages is None:
+            self._rungs.stages = find_stages(pl_module, self.checkpoint_units)
         if stage == "fit" and self.oom_backstop and self._guarded is None:
             self._guarded = guard_fit(trainer, pl_module, lambda: self._recover_from_oom(trainer))
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        saved, self._saved_stages = self._saved_stages, None
-        if self._stages is None:  # no units (or no checkpoint lever): a saved ladder does not apply
-            self.controller.set_rungs(0)
+        if self._rungs.stages is None:  # no units (or no checkpoint lever): a saved ladder does not apply
+            self._rungs.saved_stages = None
+            self._stages_measured(rungs=0)
             self.rung = 0
-            return
-        if self._stages.stages is not None or not saved:
-            return
-        if sorted(n for stage in saved for n in stage) != sorted(self._stages.units):
-            rank_zero_info(
-                "AdaptiveBandLimit: the checkpoint's stages name other units; measuring them again"
-            )
-            self.controller.set_rungs(0)
-            return
-        rung = self.rung
-        self._stages.set_stages(saved)  # resumed: no profiling step, the saved rung from the first step
-        self._stages.apply(min(rung, self.controller.top))
+        elif self._rungs.restore(self.controller.top) is False:  # the saved stages name other units
+            self._stages_measured(rungs=0)
 
     def _is_check_step(self, step: int) -> bool:
         """Whether a check follows optimizer step ``step`` (a batch ends at ``global_step + 1``)."""
@@ -282,11 +259,11 @@ class AdaptiveBandLimit(BandLimit):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._step_started = time.perf_counter()
-        if self._stages is not None and self._stages.stages is None:
+        if self._rungs.stages is not None and not self._rungs.staged:
             # The first step runs every unit plainly and measures them: stages and bytes freed.
             self._step_started = None  # a profiling step's time is not a rung's
-            top = self.coordinator is not None and self.coordinator.first_step_on_top()  # beside peers
-            self._profiling = Profiling.start(self._stages, pl_module.parameters(), checkpointed=top)
+            on_top = self.coordinator is not None and self.coordinator.first_step_on_top()  # beside peers
+            self._rungs.start_profile(pl_module.parameters(), on_top)
             return
         # global_step counts optimizer steps: this batch ends at global_step + 1.
         if self.probe is None or self.probe.measures_own or not self._is_check_step(trainer.global_step + 1):
@@ -303,68 +280,55 @@ class AdaptiveBandLimit(BandLimit):
         self._stop_meters()
 
     def _stop_meters(self) -> None:
-        measured = self._profiling.close() if self._profiling is not None else None  # finished after the step
+        profiling = self._rungs.profiling
+        measured = profiling.close() if profiling is not None else None  # finished after the step
         self._job_peak = self._job_peak if measured is None else measured
         if self._meter is not None:
             self._meter.__exit__(None, None, None)
             self._job_peak, self._meter = self._meter.bytes, None
 
-    def _finish_profile(self, profiling: Profiling, world_size: int = 1) -> None:
-        assert self._stages is not None
-        profile = profiling.profile
+    def _finish_profile(self, world_size: int) -> None:
+        """The stages the first step measured go to the controller; the job moves to its rung."""
         lossy = self.controller.lossy and self.controller.max_compression > self.compression
-        also = max(self.compression, min(0.5, self.controller.max_compression)) if lossy else None
-        failed = failed_trials(self._stages, profile, [None] if also is None else [None, also], world_size)
-        if failed:
-            self._stages.remove(failed)
-        stages = profile.stages(drop=failed)
-        if not stages:
-            rank_zero_warn(
-                "AdaptiveBandLimit: no unit is exact when checkpointed; the ladder is the compression alone"
-            )
-            self._stages = None
-            self.controller.set_rungs(0)
-            self._rung = 0
+        also = max(self.compression, min(TRIAL_COMPRESSION, self.controller.max_compression)) if lossy else None
+        outcome = self._rungs.finish_profile([None] if also is None else [None, also], world_size)
+        if outcome is None:  # no unit is exact: the ladder is the compression alone
+            self._stages_measured(rungs=0)
             return
-        rung, peak = self.rung, self._job_peak  # a restored rung, if any
-        self._stages.set_stages(stages)
-        savings, least = profiling.savings(self._stages, failed)
-        if not profiling.checkpointed:
-            self.controller.set_stage_savings(savings, least)  # type: ignore[arg-type]
+        rung, peak, count = self.rung, self._job_peak, len(outcome.stages)  # a restored rung, if any
+        self._stages_measured(rungs=count, savings=outcome.savings, least=outcome.least)
+        if not outcome.checkpointed:
             if rung and peak:  # the profiled step ran on rung 0: what it measured is rung 0's
-                self.controller.observe(Setting(0, self.compression), float(peak))
+                self._measured(Setting(0, self.compression), float(peak))
                 self._job_peak = None
-            self.rung = min(rung, len(stages))  # the restored rung (a resumed or a second fit)
+            self.rung = min(rung, count)  # the restored rung (a resumed or a second fit)
         else:  # measured with every unit checkpointed (beside peers, or after out of memory): the top rung
-            if savings is None:
-                self.controller.set_rungs(len(stages))
-            else:  # from the first step's samples
-                self.controller.set_stage_savings(savings, least)  # type: ignore[arg-type]
-            self.rung = len(stages)
-            if profiling.oom_step is not None:
-                self._record_oom(profiling.oom_step)
-            self._job_peak = None if failed else self._job_peak  # measured with units off the ladder
+            self.rung = count
+            if outcome.oom_step is not None:
+                self._record_oom(outcome.oom_step)
+            self._job_peak = None if outcome.failed else self._job_peak  # measured with units off the ladder
+        stages = self._rungs.stages
+        assert stages is not None
         on_top = self.controller.lossy and (
-            self.continuum_rung == "top" or (self.continuum_rung == "auto" and self._stages.keep_spectrum())
+            self.continuum_rung == "top" or (self.continuum_rung == "auto" and stages.keep_spectrum())
         )
-        self.controller.set_continuum_on_top(on_top)
-        describe_stages(stages, savings, on_top, sampled=profiling.checkpointed)
+        self.controller.on_continuum_chosen(on_top)
+        describe_stages(outcome.stages, outcome.savings, on_top, sampled=outcome.checkpointed)
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._stop_meters()  # the step ended without a backward (e.g. skipped)
-        if self._profiling is not None:
-            profiling, self._profiling = self._profiling, None
-            self._finish_profile(profiling, trainer.world_size)
+        if self._rungs.profiling is not None:
+            self._finish_profile(trainer.world_size)
         if self._step_started is not None and self.compression <= self.controller.min_compression:
             message = self.controller.observe_time(self.rung, time.perf_counter() - self._step_started)
             if message is not None:
                 rank_zero_info(f"AdaptiveBandLimit: {message}")
         self._step_started = None
-        if self._stages is not None and self.compression > 0 and self.controller.continuum_on_top:
-            self._fallbacks(self._stages, self.compression)  # units kept in full at this compression
+        if self.compression > 0 and self.controller.continuum_on_top:
+            self._rungs.report_fallbacks(self.compression)  # units kept in full at this compression
         self._check(trainer, pl_module)  # a new rung applies here, between optimizer steps
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)  # logs the outcome
 
@@ -381,10 +345,18 @@ class AdaptiveBandLimit(BandLimit):
             return
         reading, peak = read
         if trainer.world_size > 1:
-            reading, peak = agree_across_ranks(trainer.strategy, self.controller, reading, peak, self._device)
-        decision = self._decide(reading, peak)
+            agreed = agree_across_ranks(trainer.strategy, self.controller, reading, peak, self._device)
+            reading, peak = agreed.reading, agreed.peak
+            self.controller.on_ranks_agreed(agreed.top, agreed.continuum_on_top)
+        if peak:
+            self._measured(self.setting, float(peak))
+        peers = None if self.coordinator is None else self.coordinator.peer_memory()
+        decision = self.controller.decide(reading, self.setting, peer_memory=peers)
         if self.coordinator is not None:  # other memory-aware jobs on the device (SharedDevice)
-            decision = self.coordinator(self, trainer, decision)
+            coordinated = self.coordinator(self, trainer, decision)
+            if coordinated.outside:
+                self.controller.on_outside_change()
+            decision = coordinated.decision
         self._apply(trainer, pl_module, decision, peak)
 
     def _read(self) -> tuple[MemoryReading, int | None] | None:
@@ -398,12 +370,17 @@ class AdaptiveBandLimit(BandLimit):
             self.probe = None
             return None
 
-    def _decide(self, reading: MemoryReading, peak: int | None) -> Decision:
-        """What the job measured at its setting goes to the controller, which decides the next."""
-        if (message := self.controller.observe(self.setting, float(peak)) if peak else None) is not None:
+    def _measured(self, setting: Setting, peak: float) -> None:
+        """The job's peak measured at ``setting`` goes to the controller (the one place it does)."""
+        if (message := self.controller.observe(setting, peak)) is not None:
             rank_zero_info(f"AdaptiveBandLimit: {message}")
-        self.controller.peer_memory = None if self.coordinator is None else self.coordinator.peer_memory()
-        return self.controller.decide(reading, self.setting)
+
+    def _stages_measured(
+        self, rungs: int, savings: list[int] | None = None, least: list[int] | None = None
+    ) -> None:
+        """The stages (their number; what each frees, when known) go to the controller (the one
+        place they do)."""
+        self.controller.on_stages_measured(savings, least, rungs=rungs)  # type: ignore[arg-type]
 
     def _apply(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: Decision, peak: int | None
@@ -414,14 +391,14 @@ class AdaptiveBandLimit(BandLimit):
             self.compression, self.rung = target.compression, target.rung
             if target.compression > previous.compression or target.rung > previous.rung:
                 release_cached_memory(self._device)  # so the device (and NVML) sees the memory freed
-            units = self._units_at(target.rung)
+            units = self._rungs.units_at(target.rung)
             rank_zero_info(
                 f"AdaptiveBandLimit: {describe_change(trainer.global_step, previous, decision, units)}"
             )
         record = decision_record(
             trainer.global_step,
             self.rung,
-            self._units_at(self.rung),
+            self._rungs.units_at(self.rung),
             self.compression,
             decision.reason,
             decision.free,
@@ -431,20 +408,16 @@ class AdaptiveBandLimit(BandLimit):
         self.decisions.append(record)
         log_decision(pl_module, type(self).__name__, record)
 
-    def _units_at(self, rung: int) -> int:
-        return self._stages.units_at(rung) if self._stages is not None else 0
-
     def _recover_from_oom(self, trainer: pl.Trainer) -> None:
         """An out-of-memory error in ``training_step``: move to a setting that needs less memory
         before the batch runs again (:func:`~.out_of_memory.guard_training_step`)."""
-        profiling = self._profiling is not None
+        profiling = self._rungs.profiling is not None
         self._stop_meters()
         self._job_peak = None  # the failed attempt's, not the retry's
         free_memory(self._device)
         previous = self.setting
         if profiling:  # the profile is incomplete: measure the units again, checkpointed
-            assert self._stages is not None
-            self._profiling = Profiling.start(self._stages, (), oom_step=trainer.global_step)
+            self._rungs.restart_profile_after_oom(trainer.global_step)
             rank_zero_warn(
                 f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step} (the "
                 "first, which measures the units); retrying the batch once with every unit checkpointed"
@@ -461,18 +434,14 @@ class AdaptiveBandLimit(BandLimit):
 
     def _record_oom(self, step: int) -> None:
         self.decisions.append(
-            decision_record(step, self.rung, self._units_at(self.rung), self.compression, OOM)
+            decision_record(step, self.rung, self._rungs.units_at(self.rung), self.compression, OOM)
         )
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
         self._stop_meters()
-        self._profiling = None
-        if self._stages is not None:
-            self._rung = self.rung  # a next fit re-applies it
-            self._stages.release()  # the user's model as it was
-            self._stages = None
+        self._rungs.release()  # the user's model as it was; a next fit re-applies the rung
         if self._guarded is not None:
             self._guarded = unguard_training_step(self._guarded)
         if self.probe is not None and self._probe_spec == "auto":
@@ -481,7 +450,7 @@ class AdaptiveBandLimit(BandLimit):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        stages = self._stages.stages if self._stages is not None else None
+        stages = self._rungs.stages.stages if self._rungs.stages is not None else None
         return {
             **super().state_dict(),
             "rung": self.rung,
@@ -495,6 +464,6 @@ class AdaptiveBandLimit(BandLimit):
         controller = dict(state_dict.get("controller", {}))
         if "checkpoint" not in self.levers:
             controller["rungs"], state_dict = 0, {**state_dict, "rung": 0, "stages": None}
-        self._rung = int(state_dict.get("rung", 0))  # applied once the stages are known
-        self._saved_stages = state_dict.get("stages")
+        self.rung = int(state_dict.get("rung", 0))  # applied once the stages are known
+        self._rungs.saved_stages = state_dict.get("stages")
         self.controller.load_state_dict(controller)

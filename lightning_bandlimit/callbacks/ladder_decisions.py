@@ -1,8 +1,8 @@
 """What :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` decides from and what it keeps.
 
 * What a check reads (:func:`read_job`): free memory and the job's own peak.
-* Under DDP the ranks agree on the inputs of a decision (:func:`agree_across_ranks`), so their
-  controllers, fed the same, take the same decision on the same step.
+* Under DDP the ranks agree on the inputs of a decision (:func:`agree_across_ranks`,
+  :class:`Agreed`), so their controllers, fed the same, take the same decision on the same step.
 * Each decision (and each out-of-memory retry) is kept as a record (:func:`decision_record`) in
   the callback's ``decisions`` and logged (:func:`log_decision`).
 * What may decide beside the ladder (:class:`Coordinator`: other jobs on the device).
@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import lightning.pytorch as pl
 import torch
@@ -19,8 +19,11 @@ from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.reasons import REASON_CODES
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable
+from lightning_bandlimit.utils.units import MIB
 
 __all__ = [
+    "Agreed",
+    "Coordinated",
     "Coordinator",
     "agree_across_ranks",
     "decision_record",
@@ -31,6 +34,13 @@ __all__ = [
 ]
 
 
+class Coordinated(NamedTuple):
+    """A check's decision after the jobs' shared rule (what :class:`Coordinator` returns)."""
+
+    decision: Decision
+    outside: bool = False  # a change the ladder did not decide: the callback tells the controller
+
+
 class Coordinator(Protocol):
     """What decides beside a job's ladder for other memory-aware jobs on its device
     (:class:`~lightning_bandlimit.callbacks.SharedDevice`)."""
@@ -39,7 +49,7 @@ class Coordinator(Protocol):
         """The memory the other jobs published, bytes (``None``: not known for all of them),
         read before the ladder decides: their own changes are not others' growth."""
 
-    def __call__(self, adaptive: pl.Callback, trainer: pl.Trainer, decision: Decision) -> Decision:
+    def __call__(self, adaptive: pl.Callback, trainer: pl.Trainer, decision: Decision) -> Coordinated:
         """The check's decision (of ``adaptive``, the ``AdaptiveBandLimit``) after the shared rule."""
 
     def first_step_on_top(self) -> bool:
@@ -79,27 +89,34 @@ def read_job(
     return reading, metered_peak
 
 
+class Agreed(NamedTuple):
+    """What every rank decides from (:func:`agree_across_ranks`)."""
+
+    reading: MemoryReading  # the least free memory and total of any rank
+    peak: int | None  # the largest peak of any rank
+    top: int  # the lowest top rung of any rank
+    continuum_on_top: bool  # on the top rung only if on every rank
+
+
 def agree_across_ranks(
     strategy: Any,
     controller: LadderController,
     reading: MemoryReading,
     peak: int | None,
     device: torch.device | None,
-) -> tuple[MemoryReading, int | None]:
+) -> Agreed:
     """What every rank decides from: the least free memory and total, the largest peak, the
     lowest top rung of any rank, and the continuum on the top rung only if every rank's blocks
-    keep their spectrum. Sets the controller's top rung and continuum; one collective
-    (``strategy.reduce`` with ``reduce_op="max"``)."""
+    keep their spectrum. One collective (``strategy.reduce`` with ``reduce_op="max"``); the
+    caller gives the agreed top rung and continuum to its controller."""
     on_top = float(controller.continuum_on_top)
     mine = [-reading.free, -reading.total, float(peak or 0), -controller.top, -on_top]
     agreed = strategy.reduce(torch.tensor(mine, dtype=torch.float64, device=device), reduce_op="max").tolist()
-    controller.agree_top(int(round(-agreed[3])))
-    controller.set_continuum_on_top(-agreed[4] > 0.5)  # on the top rung only if on every rank
     total = int(round(-agreed[1]))
     agreed_reading = MemoryReading(
         total=total, free=min(int(round(-agreed[0])), total), source=reading.source
     )
-    return agreed_reading, int(agreed[2]) or None
+    return Agreed(agreed_reading, int(agreed[2]) or None, int(round(-agreed[3])), -agreed[4] > 0.5)
 
 
 def decision_record(
@@ -156,5 +173,5 @@ def describe_change(step: int, previous: Setting, decision: Decision, units: int
         changes.append(f"compression {previous.compression:.3f} -> {decision.compression:.3f}")
     return (
         f"step {step}: {', '.join(changes)} ({decision.reason}: "
-        f"{decision.free / 2**20:.0f} MiB free, threshold {decision.threshold / 2**20:.0f} MiB)"
+        f"{decision.free / MIB:.0f} MiB free, threshold {decision.threshold / MIB:.0f} MiB)"
     )

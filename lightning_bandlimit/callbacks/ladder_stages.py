@@ -1,7 +1,8 @@
-"""The exact rungs of :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit`: which units it
-checkpoints (:func:`find_stages`), the first step that measures them (:class:`Profiling`), the
-trials that keep only exact units (:func:`failed_trials`), and what it says about them (no units
-found, units kept in full at a compression)."""
+"""The exact rungs of :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit`
+(:class:`ExactRungs`: the stages and the rung the job runs at): which units it checkpoints
+(:func:`find_stages`), the first step that measures them (:class:`Profiling`), the trials that
+keep only exact units (:func:`failed_trials`), and what it says about them (no units found,
+units kept in full at a compression)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,17 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning_bandlimit.recompute.sampled_savings import sampled_savings
 from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile, checkpoint_units
 from lightning_bandlimit.recompute.trial import trial
+from lightning_bandlimit.utils.units import MIB
 
-__all__ = ["FallbackReport", "Profiling", "describe_stages", "failed_trials", "find_stages"]
+__all__ = [
+    "ExactRungs",
+    "FallbackReport",
+    "ProfileOutcome",
+    "Profiling",
+    "describe_stages",
+    "failed_trials",
+    "find_stages",
+]
 
 
 def find_stages(pl_module: pl.LightningModule, patterns: tuple[str, ...] | None) -> CheckpointStages | None:
@@ -160,7 +170,7 @@ def describe_stages(
     samples of each unit's input) and where the continuum runs."""
     how = " at most (from samples: measured all checkpointed, beside peers)" if sampled else ""
     freed = (
-        f"bytes each frees{how}: {[f'{s / 2**20:.1f} MiB' for s in savings]}"
+        f"bytes each frees{how}: {[f'{s / MIB:.1f} MiB' for s in savings]}"
         if savings is not None
         else "bytes each frees: unknown (measured all checkpointed after an out-of-memory error)"
     )
@@ -173,3 +183,127 @@ def describe_stages(
         f"AdaptiveBandLimit: {len(stages)} checkpointing rungs over {sum(map(len, stages))} units "
         f"(stages, highest resolution first: {stages}); {freed}; {continuum}"
     )
+
+
+@dataclass
+class ProfileOutcome:
+    """What the first step measured of the units (:meth:`ExactRungs.finish_profile`).
+
+    Attributes:
+        stages: the stages, highest resolution first (units off the ladder left out).
+        savings: bytes checkpointing each stage frees (``None``: unknown).
+        least: the least each may free.
+        checkpointed: measured with every unit checkpointed (the job then runs its top rung).
+        oom_step: the step whose first attempt ran out of memory, if the profile was its retry.
+        failed: units that left the ladder (not exact when checkpointed).
+    """
+
+    stages: list[list[str]]
+    savings: list[int] | None
+    least: list[int] | None
+    checkpointed: bool
+    oom_step: int | None
+    failed: list[str]
+
+
+class ExactRungs:
+    """A job's exact rungs: its checkpointable units grouped in stages, the rung it runs at (held
+    here alone; the units are switched to it), the first step that measures the units, and what
+    is said of them.
+
+    Args:
+        stages: the units (:func:`find_stages`), ``None``: no exact rungs.
+        rung: the rung to run at once the stages are known (e.g. restored from a checkpoint).
+
+    Example:
+        >>> rungs = ExactRungs(None, rung=2)  # no units: the rung is kept for when they are known
+        >>> rungs.rung, rungs.units_at(2), rungs.checkpointed()
+        (2, 0, [])
+    """
+
+    def __init__(self, stages: CheckpointStages | None, rung: int = 0) -> None:
+        self.stages = stages
+        self._rung = rung
+        self.profiling: Profiling | None = None  # the first training step, measuring the units
+        self.saved_stages: list[list[str]] | None = None  # from a checkpoint, until applied
+        self._fallbacks = FallbackReport()
+
+    @property
+    def staged(self) -> bool:
+        """Whether the stages are known (the units measured, or restored)."""
+        return self.stages is not None and self.stages.stages is not None
+
+    @property
+    def rung(self) -> int:
+        """The rung the job runs at."""
+        return self._rung
+
+    @rung.setter
+    def rung(self, rung: int) -> None:
+        self._rung = rung
+        if self.staged and rung != self.stages.rung:  # type: ignore[union-attr]
+            self.stages.apply(rung)  # type: ignore[union-attr]
+
+    def units_at(self, rung: int) -> int:
+        """How many units ``rung`` checkpoints (``0`` before the stages are known)."""
+        return self.stages.units_at(rung) if self.stages is not None else 0
+
+    def checkpointed(self) -> list[str]:
+        """Names of the units checkpointed now."""
+        return self.stages.checkpointed() if self.stages is not None else []
+
+    def restore(self, top: int) -> bool | None:
+        """At the start of training, the stages saved in a checkpoint applied, at the saved rung
+        (at most ``top``). ``True``: applied; ``False``: they name other units (said once), to be
+        measured again; ``None``: nothing to restore (no units, stages known, or none saved)."""
+        saved, self.saved_stages = self.saved_stages, None
+        if self.stages is None or self.staged or not saved:
+            return None
+        if sorted(n for stage in saved for n in stage) != sorted(self.stages.units):
+            rank_zero_info("AdaptiveBandLimit: the checkpoint's stages name other units; measuring them again")
+            return False
+        self.stages.set_stages(saved)  # resumed: no profiling step, the saved rung from the first step
+        self.rung = min(self._rung, top)
+        return True
+
+    def start_profile(self, exclude: Any, on_top: bool) -> None:
+        """The first step runs every unit plainly (``on_top``: checkpointed) and measures them."""
+        assert self.stages is not None
+        self.profiling = Profiling.start(self.stages, exclude, checkpointed=on_top)
+
+    def restart_profile_after_oom(self, step: int) -> None:
+        """The profiled step ``step`` ran out of memory: measure the units again, checkpointed."""
+        assert self.stages is not None
+        self.profiling = Profiling.start(self.stages, (), oom_step=step)
+
+    def finish_profile(self, trial_compressions: list[float | None], world_size: int) -> ProfileOutcome | None:
+        """The stages the first step measured, with the units not exact when checkpointed (tried
+        at ``trial_compressions``) off the ladder; ``None`` (said once) when no unit is exact."""
+        assert self.stages is not None and self.profiling is not None
+        profiling, self.profiling = self.profiling, None
+        profile = profiling.profile
+        failed = failed_trials(self.stages, profile, trial_compressions, world_size)
+        if failed:
+            self.stages.remove(failed)
+        stages = profile.stages(drop=failed)
+        if not stages:
+            rank_zero_warn(
+                "AdaptiveBandLimit: no unit is exact when checkpointed; the ladder is the compression alone"
+            )
+            self.stages, self._rung = None, 0
+            return None
+        self.stages.set_stages(stages)
+        savings, least = profiling.savings(self.stages, failed)
+        return ProfileOutcome(stages, savings, least, profiling.checkpointed, profiling.oom_step, failed)
+
+    def report_fallbacks(self, compression: float) -> None:
+        """Say which checkpointed units keep their full input at ``compression`` (once per set)."""
+        if self.stages is not None:
+            self._fallbacks(self.stages, compression)
+
+    def release(self) -> None:
+        """The user's model as it was; the rung is kept for a next fit to apply."""
+        self.profiling = None
+        if self.stages is not None:
+            self.stages.release()
+            self.stages = None

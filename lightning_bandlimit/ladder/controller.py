@@ -7,18 +7,22 @@ A job's memory levers form a ladder of settings, least lossy first:
   exact on every rung; each costs a measured amount of step time (the recompute).
 * **the compression continuum** above the floor (lossy), on the **lossy rung**: the top rung
   when the checkpointed blocks keep only their kept spectrum
-  (:mod:`lightning_bandlimit.recompute.spectral`; :meth:`LadderController.set_continuum_on_top`),
+  (:mod:`lightning_bandlimit.recompute.spectral`; :meth:`LadderController.on_continuum_chosen`),
   so that more compression also shrinks what the checkpointed blocks keep and the continuum
   goes on where the exact rungs stop; else rung 0, because a block checkpointed the ordinary
   way keeps its input at full size while a memory-lean band-limited block keeps only its kept
-  spectrum (measured on the quickstart model: all blocks checkpointed at compression 0.5 kept
-  more than none at 0.5), and the continuum starts where a compression on rung 0 is predicted
-  to need less than the top rung.
+  spectrum, and the continuum starts where a compression on rung 0 is predicted to need less
+  than the top rung.
 
-The controller is plain Python (no Lightning, no torch), fed one
-:class:`~lightning_bandlimit.ladder.setting.FreeMemory` reading per check and the job's peak memory
-at the setting it ran with, with the same thresholds, hysteresis and cooldown as
-:class:`~lightning_bandlimit.ladder.compression_only.CompressionController`:
+The controller is plain Python (no Lightning, no torch). Its state changes only through its
+methods, each named for the event it takes: a measured step (:meth:`~LadderModel.observe`,
+:meth:`~LadderModel.observe_time`), the stages measured or counted
+(:meth:`~LadderModel.on_stages_measured`, :meth:`~LadderModel.on_stages_counted`,
+:meth:`~LadderModel.on_continuum_chosen`), the ranks agreeing
+(:meth:`~LadderModel.on_ranks_agreed`), a check (:meth:`LadderController.decide`, fed one
+:class:`~lightning_bandlimit.ladder.setting.FreeMemory` reading and the memory of peers), a change
+it did not decide (:meth:`LadderController.on_outside_change`) and an out-of-memory error
+(:meth:`LadderController.on_oom`). A check decides with thresholds, hysteresis and a cooldown:
 
 * **Pressure** (free below ``min_free``): the least lossy setting predicted to free the missing
   bytes (plus the *surprise*: how much more the job measured at the setting it changed to than
@@ -30,7 +34,7 @@ at the setting it ran with, with the same thresholds, hysteresis and cooldown as
   predicted conservatively, as freeing nothing over the measured rung below it, wherever the
   ladder relies on a prediction (to stop climbing, to compress, to release). Which unvisited
   rung to try first is hinted by the bytes its stages keep for backward (measured once,
-  :meth:`LadderController.set_stage_savings`), discounted by what the last climb freed of its
+  :meth:`~LadderModel.on_stages_measured`), discounted by what the last climb freed of its
   stage's bytes, once more for each stage further up (returns diminish: the step's peak moves
   away from the stages): the least rung they say is enough, exact either way, else the top
   rung at once (exact, and the most any rung frees). Beyond the top rung the
@@ -60,8 +64,7 @@ at the setting it ran with, with the same thresholds, hysteresis and cooldown as
 rung 0) and every rung above it leave the ladder; the continuum then starts below them. A rung
 measured to free less than a quarter of what its stages keep for backward (judged against the
 least they may keep, never an upper figure such as the one measured on samples; the step's peak
-lies elsewhere: on the quickstart model checkpointing stages 3-4 after 1-2 frees nothing at the
-peak, at any compression) leaves the ladder the same way, with the rungs above it: it would
+lies elsewhere) leaves the ladder the same way, with the rungs above it: it would
 cost recompute time and free nothing. A job on a rung that left the ladder comes down to the
 top rung only when what the rung measured to free fits the spare memory (an idle rung may free
 up to a quarter of its stage, a slow one anything); else it keeps the rung. (Beside the climb's
@@ -161,22 +164,35 @@ class LadderController(LadderModel):
         self._last: tuple[Setting, float] | None = None  # the last check's setting and free bytes
         self._last_others: float | None = None  # and others' memory then, when the job's was measured
         self._growth: list[float | None] = [None, None]  # others' growth over the last two checks
-        self._held: list[float | None] = [None, None]  # the last two growths seen (gaps skipped)
-        # the memory of other memory-aware jobs on the device at this check (SharedDevice: what
-        # the device measures for their processes, or what they published): their own changes
-        # are not others' growth
-        self.peer_memory: float | None = None
-        self._last_peers: float | None = None  # and theirs at the last check
+        self._seen_growth: list[float | None] = [None, None]  # the last two growths seen (gaps skipped)
+        self._last_peers: float | None = None  # peers' memory at the last check
+        self._peer_memory: float | None = None  # and as the last check was given it
+        self._decided_observations = 0  # observations (LadderModel.observations) at the last check
         self.min_free_bytes: int | None = None  # min_free in bytes at the last reading
         self.release_free_bytes: int | None = None  # and release_free
 
-    def decide(self, reading: FreeMemory, current: Setting) -> Decision:
-        """The setting for the next steps, given a reading taken at ``current``."""
-        decision = self._decide(reading, current)
+    def decide(self, reading: FreeMemory, current: Setting, peer_memory: float | None = None) -> Decision:
+        """A check: the setting for the next steps, given a reading taken at ``current``.
+
+        Args:
+            reading: the device's free and total memory.
+            current: the setting the job ran at since the last check.
+            peer_memory: the memory other memory-aware jobs on the device hold now, bytes
+                (``SharedDevice``: what the device measures for their processes, or what they
+                published); their own changes are not others' growth. ``None``: no such jobs,
+                or not known.
+        """
+        self._peer_memory = peer_memory
+        decision = self._decide(reading, current, peer_memory)
         target = decision.setting
         predicted = None if target == current else self.predict(target)
         self._expected = None if predicted is None else (target, predicted)
         return decision
+
+    @property
+    def peer_memory(self) -> float | None:
+        """The peers' memory the last :meth:`decide` was given (bytes; ``None``: none given)."""
+        return self._peer_memory
 
     def surprise(self, current: Setting) -> float:
         """How much more memory the job measured at ``current`` than it predicted there when it
@@ -187,19 +203,20 @@ class LadderController(LadderModel):
         measured = self.predict(current)
         return 0.0 if measured is None else max(0.0, measured - self._expected[1] - self.peak_noise)
 
-    def _decide(self, reading: FreeMemory, current: Setting) -> Decision:
+    def _decide(self, reading: FreeMemory, current: Setting, peer_memory: float | None) -> Decision:
         low = threshold_bytes(self.min_free, reading.total)
         high = threshold_bytes(self.release_free, reading.total)
         self.min_free_bytes, self.release_free_bytes = low, high
         self._since_change += 1
         surprise = self.surprise(current)
-        trend = self._trend(current, reading)
+        trend = self._trend(current, reading, peer_memory)
         if reading.free < low:
             self._calm = 0
             shortfall = low - reading.free + surprise + trend
             # others still growing would take the job over budget by the next check if the
             # change freed nothing: no try of a rung or compression whose memory is unknown
-            ramp = 0.0 if None in self._held else max(0.0, min(self._held))  # type: ignore[type-var]
+            seen = self._seen_growth
+            ramp = 0.0 if None in seen else max(0.0, min(seen))  # type: ignore[type-var]
             sure = ramp > 0 and reading.free < ramp
             target = self._escalate(current, shortfall * (1 + self.margin), sure)
             if target.compression > current.compression and shortfall <= self.peak_noise < reading.free:
@@ -210,8 +227,8 @@ class LadderController(LadderModel):
                 return self._change(target, current, reason, reading.free, low)
             return self._change(target, current, RAISE, reading.free, low)
         if current.rung > self.top:  # above a rung that left the ladder: faster, about the same memory
-            now = self.predict(current)
-            if now is None or self._added(self.top, current.rung, now) <= self.spare(reading.free):
+            peak = self.predict(current)
+            if peak is None or self._added(self.top, current.rung, peak) <= self.spare(reading.free):
                 return self._change(Setting(self.top, current.compression), current, LOWER, reading.free, low)
             # a rung judged idle may still free up to a quarter of its stage (and one too slow,
             # anything): going down only when what it measured to free fits what is spare
@@ -237,22 +254,23 @@ class LadderController(LadderModel):
         low = self.min_free_bytes or 0
         return free - low * (1 + self.margin) - self.peak_noise
 
-    def _trend(self, current: Setting, reading: FreeMemory) -> float:
+    def _trend(self, current: Setting, reading: FreeMemory, peers: float | None) -> float:
         """Others' growth expected by the next check: the smaller of their last two growths (a
         sustained ramp goes on), so ``0`` after a single jump (a step: the co-tenant took what it
         takes). Others' memory is the total less the free bytes and the job's own peak measured
         at ``current`` since the last decision, so their growth is seen while the job changes
         its own setting too; without that measurement (or over budget, where a reading says 0
         free however far over), only over a check the job held its setting. The memory other
-        memory-aware jobs hold (:attr:`peer_memory`) is not others': a peer's own change
+        memory-aware jobs hold (``peers``) is not others': a peer's own change
         (giving back a rung) is not a ramp to meet (growth is not read across a check where
         that memory became known or unknown). The smaller of the last two growths seen is kept
         as ``ramp``."""
-        observed = self.last_peak
-        self.last_peak = None  # one measurement per decision
+        # the job's peak measured since the last check, if any (one measurement per decision)
+        fresh = self.observations > self._decided_observations
+        self._decided_observations = self.observations
+        observed = self.last_observation if fresh else None
         # over budget a reading says 0 free however far over: others' memory is not known then
         measured = observed is not None and observed[0] == current and reading.free > 0
-        peers = self.peer_memory
         others = (
             float(reading.total - reading.free - observed[1] - (peers or 0.0))  # type: ignore[index]
             if measured
@@ -268,54 +286,63 @@ class LadderController(LadderModel):
         self._last_peers = peers
         self._growth = [self._growth[1], growth]
         if growth is not None:
-            self._held = [self._held[1], growth]
+            self._seen_growth = [self._seen_growth[1], growth]
         self._last, self._last_others = (current, float(reading.free)), others
         if None in self._growth:
             return 0.0
         return max(0.0, min(self._growth))  # type: ignore[type-var]
 
-    def _escalate(self, current: Setting, deficit: float | None, sure: bool = False) -> Setting:
-        """The setting for a shortfall of ``deficit`` bytes at ``current``: under pressure, and
-        (``deficit=None``, the shortfall unknown) to retry a step that ran out of memory.
-        ``sure``: the job would overdraw by the next check if the change freed nothing, so the
-        exact lever is not tried whole on the chance that an unvisited rung frees enough (a
-        hinted rung still is)."""
-        now = None if deficit is None else self.predict(current)
+    @property
+    def _safe_end(self) -> Setting:
+        """The setting that needs the least memory: the most compression, else the top rung."""
+        if self.lossy:
+            return Setting(self.lossy_rung, self.max_compression)
+        return Setting(self.top, self.min_compression)
+
+    def _escalate(self, current: Setting, deficit: float, sure: bool) -> Setting:
+        """The setting for a shortfall of ``deficit`` bytes at ``current``. ``sure``: the job
+        would overdraw by the next check if the change freed nothing, so the exact lever is not
+        tried whole on the chance that an unvisited rung frees enough (a hinted rung still is)."""
+        peak = self.predict(current)
         exact = current.compression <= self.min_compression
-        safe_end = (
-            Setting(self.lossy_rung, self.max_compression)
-            if self.lossy
-            else Setting(self.top, self.min_compression)
-        )
         if exact and current.rung < self.top:
-            measured = self.rung_memory.points
-            if now is not None:
-                assert deficit is not None
-                if (rung := self._least_rung_freeing(current, now, deficit)) is not None:
-                    return Setting(rung, self.min_compression)
-            if not self.lossy or (not sure and (self.top not in measured or now is None)):
+            if peak is not None and (rung := self._least_rung_freeing(current, peak, deficit)) is not None:
+                return Setting(rung, self.min_compression)
+            if not self.lossy or (not sure and (self.top not in self.rung_memory.points or peak is None)):
                 # a rung not visited may fit (its saving is unknown), or nothing else is known,
                 # or there is no lossy lever: the whole exact lever at once
                 return Setting(self.top, self.min_compression)
         if not self.lossy:
-            return safe_end
-        lossy = self.lossy_rung
-        above = [
-            c for c in self._grid(self.min_compression, self.max_compression)[1:] if c > current.compression
-        ]
-        fitting = None if now is None else self._least_compression(now - deficit, above)  # type: ignore[operator]
-        if fitting is not None:
-            return Setting(lossy, fitting)
-        if now is not None and self.compression_memory.predict(self.max_compression) is not None:
-            return safe_end  # the model predicts no compression frees enough: the most there is
-        leaves = self.top > 0 or (deficit is None and current.rung > 0)  # a retry leaves any rung
-        if exact and leaves and not self.continuum_on_top:
+            return self._safe_end
+        if peak is not None:
+            above = [
+                c for c in self._grid(self.min_compression, self.max_compression)[1:] if c > current.compression
+            ]
+            if (fitting := self._least_compression(peak - deficit, above)) is not None:
+                return Setting(self.lossy_rung, fitting)
+            if self.compression_memory.predict(self.max_compression) is not None:
+                return self._safe_end  # the model predicts no compression frees enough: the most there is
+        return self._compress_unknown(current, leaves_rung=self.top > 0)
+
+    def _retry_after_oom(self, current: Setting) -> Setting:
+        """The setting to retry a step that ran out of memory at ``current`` (the shortfall
+        unknown): the top rung if below it, else more compression (from any rung)."""
+        if current.compression <= self.min_compression and current.rung < self.top:
+            return Setting(self.top, self.min_compression)
+        if not self.lossy:
+            return self._safe_end
+        return self._compress_unknown(current, leaves_rung=self.top > 0 or current.rung > 0)
+
+    def _compress_unknown(self, current: Setting, leaves_rung: bool) -> Setting:
+        """More compression where the memory model cannot say how much is enough."""
+        exact = current.compression <= self.min_compression
+        if exact and leaves_rung and not self.continuum_on_top:
             # past the exact rungs to the continuum on rung 0, nothing known of it: only a large
             # compression is sure to free more than the checkpointed rung did
             return Setting(0, self.max_compression)
         if self._raise_did_not_lower(current):
-            return safe_end  # not another step into the unknown
-        return Setting(lossy, self.clamp(current.compression + self.raise_step))
+            return self._safe_end  # not another step into the unknown
+        return Setting(self.lossy_rung, self.clamp(current.compression + self.raise_step))
 
     def _raise_did_not_lower(self, current: Setting) -> bool:
         """Whether ``current``'s compression was measured to need no less than a smaller one."""
@@ -328,40 +355,40 @@ class LadderController(LadderModel):
         return any(c < key and m <= points[key] for c, m in points.items())
 
     def _release(self, current: Setting, spare: float) -> Setting:
-        now = self.predict(current)
+        peak = self.predict(current)
         measured = self.rung_memory.points
         floor = max(self.min_compression, self.oom_floor)
         if current.compression > self.min_compression:
-            if now is not None and self.oom_floor <= self.min_compression:
+            if peak is not None and self.oom_floor <= self.min_compression:
                 for rung in range(self.top + 1):  # fastest measured exact rung first
-                    if rung in measured and measured[rung] <= now + spare:
+                    if rung in measured and measured[rung] <= peak + spare:
                         return Setting(rung, self.min_compression)
             if current.compression <= floor:
                 return current
             # least compression whose extra memory fits the spare
             fitting = (
                 None
-                if now is None
-                else self._least_compression(now + spare, self._grid(floor, current.compression))
+                if peak is None
+                else self._least_compression(peak + spare, self._grid(floor, current.compression))
             )
             target = max(current.compression - self.lower_step if fitting is None else fitting, floor)
             return Setting(self.lossy_rung, self.clamp(min(target, current.compression)))
         if current.rung == 0:
             return current
         for rung in range(current.rung):  # fastest rung first, measured or bounded
-            if now is not None and self._added(rung, current.rung, now) <= spare:
+            if peak is not None and self._added(rung, current.rung, peak) <= spare:
                 return Setting(rung, current.compression)
-        if now is not None and current.rung - 1 in measured:
+        if peak is not None and current.rung - 1 in measured:
             return current  # predicted not to fit: hold
         return Setting(current.rung - 1, current.compression)  # not visited yet: one rung, to learn it
 
-    def _added(self, rung: int, current: int, now: float) -> float:
-        """Memory going down from rung ``current`` (at ``now``) to ``rung`` adds: measured there,
+    def _added(self, rung: int, current: int, peak: float) -> float:
+        """Memory going down from rung ``current`` (at ``peak``) to ``rung`` adds: measured there,
         else at most what the stages between keep for backward (the most checkpointing them
         frees); ``inf`` when neither is known."""
         measured = self.rung_memory.points
         if rung in measured:
-            return measured[rung] - now
+            return measured[rung] - peak
         if self.stage_savings is None:
             return float("inf")
         return self._saved(current) - self._saved(rung)
@@ -376,7 +403,7 @@ class LadderController(LadderModel):
 
         Example:
             >>> ladder = LadderController(rungs=3, min_free=100)
-            >>> ladder.set_stage_savings([300.0, 100.0, 50.0]); ladder.observe(Setting(0, 0.0), 1000)
+            >>> ladder.on_stages_measured([300.0, 100.0, 50.0]); ladder.observe(Setting(0, 0.0), 1000)
             >>> ladder.make_room(Setting(0, 0.0), 200.0)  # rung 1's stage keeps 300: hinted enough
             Setting(rung=1, compression=0.0)
             >>> ladder.make_room(Setting(0, 0.0), 5000.0)  # none is: one rung, measured first
@@ -386,38 +413,37 @@ class LadderController(LadderModel):
         """
         if current.compression > self.min_compression or current.rung >= self.top:
             return current
-        now = self.predict(current)
-        if now is None:
+        peak = self.predict(current)
+        if peak is None:
             return Setting(self.top, self.min_compression)
-        if (rung := self._least_rung_freeing(current, now, deficit)) is not None:
+        if (rung := self._least_rung_freeing(current, peak, deficit)) is not None:
             return Setting(rung, self.min_compression)
         unvisited = [r for r in range(current.rung + 1, self.top + 1) if r not in self.rung_memory.points]
         return Setting(unvisited[0] if unvisited else self.top, self.min_compression)
 
-    def _least_rung_freeing(self, current: Setting, now: float, deficit: float) -> int | None:
-        """The least rung above ``current`` (at ``now``) measured, else hinted, to free ``deficit``."""
+    def _least_rung_freeing(self, current: Setting, peak: float, deficit: float) -> int | None:
+        """The least rung above ``current`` (at ``peak``) measured, else hinted, to free ``deficit``."""
         measured = self.rung_memory.points
         for rung in range(current.rung + 1, self.top + 1):
-            freed = now - measured[rung] if rung in measured else self._hinted_saving(rung, now)
+            freed = peak - measured[rung] if rung in measured else self._hinted_saving(rung, peak)
             if freed is not None and freed >= deficit:
                 return rung
         return None
 
-    def notify_change(self) -> None:
-        """Restart the cooldown after a change this controller did not decide (another rank's,
-        an out-of-memory retry): its last prediction no longer holds."""
+    def on_outside_change(self) -> None:
+        """A change this controller did not decide (the jobs' shared rule, an out-of-memory
+        retry): the cooldown restarts, and its last prediction and trend no longer hold."""
         self._since_change = 0
         self._calm = 0
         self._expected = None
-        self._last, self._growth, self._held = None, [None, None], [None, None]
+        self._last, self._growth, self._seen_growth = None, [None, None], [None, None]
         self._last_others = self._last_peers = None
 
     def on_oom(self, current: Setting) -> Setting:
-        """The setting to retry an out-of-memory step with: the escalation of a pressure whose
-        shortfall is unknown (the top rung if below it, else more compression, which releases
-        never go below again)."""
-        self.notify_change()
-        retry = self._escalate(current, None)
+        """An out-of-memory error at ``current``: the setting to retry the step with (the top
+        rung if below it, else more compression, which releases never go below again)."""
+        self.on_outside_change()
+        retry = self._retry_after_oom(current)
         self.oom_floor = max(self.oom_floor, retry.compression)
         return retry
 
@@ -446,33 +472,31 @@ class LadderController(LadderModel):
             "last_others": self._last_others,
             "last_peers": self._last_peers,
             "growth": list(self._growth),
-            "held_growth": list(self._held),
+            "seen_growth": list(self._seen_growth),
             "peak_jitter": list(self.peak_jitter),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` (or a :class:`CompressionController`'s). Before the stages
-        are known (:meth:`set_stage_savings` not called yet) the saved number of rungs is taken;
+        """Restore a :meth:`state_dict`. Before the stages
+        are known (:meth:`~LadderModel.on_stages_measured` not called yet) the saved number of rungs is taken;
         a ladder with another number keeps only what does not depend on them (the compression
         model, the out-of-memory floor)."""
         saved_rungs = int(state.get("rungs", self.rungs))
         if saved_rungs != self.rungs and self.rungs == 0 and self.stage_savings is None:
             self.rungs = self.top = saved_rungs  # stages not measured yet: the saved ones
         self.continuum_on_top = bool(state.get("continuum_on_top", False))
-        # a CompressionController's state keeps its model under "model"
-        self.compression_memory.load_state_dict(state.get("compression_memory", state.get("model", {})))
+        self.compression_memory.load_state_dict(state.get("compression_memory", {}))
         self.oom_floor = float(state.get("oom_floor", self.min_compression))
         self._calm = int(state.get("calm", 0))
         self._since_change = int(state.get("since_change", self.cooldown_checks))
-        # (an older "expected_free" was a free-memory figure, not a prediction of the job's: dropped)
         self._expected, self._last = (_setting_value(state.get(key)) for key in ("expected", "last"))
         others, peers = state.get("last_others"), state.get("last_peers")
         self._last_others = None if others is None else float(others)
         self._last_peers = None if peers is None else float(peers)
         growth = state.get("growth") or [None, None]
         self._growth = [None if g is None else float(g) for g in growth]
-        held = state.get("held_growth") or [None, None]
-        self._held = [None if g is None else float(g) for g in held]
+        seen = state.get("seen_growth") or [None, None]
+        self._seen_growth = [None if g is None else float(g) for g in seen]
         self.peak_jitter.clear()
         self.peak_jitter.extend(float(j) for j in state.get("peak_jitter", []))
         if saved_rungs != self.rungs:
@@ -480,6 +504,6 @@ class LadderController(LadderModel):
         self.top = min(int(state.get("top", self.rungs)), self.rungs)
         self.rung_memory.load_state_dict(state.get("rung_memory", {}))
         self.rung_seconds = {int(r): float(s) for r, s in state.get("rung_seconds", [])}
-        savings, least = state.get("stage_savings"), state.get("stage_least", state.get("stage_savings"))
+        savings, least = state.get("stage_savings"), state.get("stage_least")
         self.stage_savings = None if savings is None else [float(s) for s in savings]
         self.stage_least = None if least is None else [float(s) for s in least]

@@ -9,16 +9,26 @@ Python (no torch, no Lightning).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from lightning_bandlimit.ladder.memory_model import MemoryModel
 from lightning_bandlimit.ladder.setting import Setting
+from lightning_bandlimit.utils.units import MIB
 from lightning_bandlimit.utils.validation import check_compression, check_int, check_real
 
-__all__ = ["LadderModel"]
+__all__ = ["IDLE_FRACTION", "TIME_SMOOTHING", "LadderModel"]
 
 _GRID = 0.01  # compressions searched when jumping with the memory model
 _JITTER_CHECKS = 8  # consecutive measurements at one setting the peak's noise is taken over
+# A rung is idle when it frees less than this fraction of the least its stage may free (a
+# fraction of the stage's bytes, no unit): a stage checkpointed past where the step's peak lies
+# frees next to nothing at the peak (the quickstart model's stages 3-4 after 1-2, measured by
+# benchmarks/ladder_memory.py); the fraction leaves room for the peak's own noise. A design
+# choice, not fitted to a measurement.
+IDLE_FRACTION = 0.25
+# Weight of a new step time in a rung's exponential moving average of step seconds (no unit):
+# a new rung's figure is within 3 % of a steady step time after 10 steps (0.7 ** 10).
+TIME_SMOOTHING = 0.3
 
 
 class LadderModel:
@@ -65,50 +75,68 @@ class LadderModel:
         self.rung_seconds: dict[int, float] = {}  # step time per rung (moving average)
         self.stage_savings: list[float] | None = None  # bytes each stage frees when checkpointed
         self.stage_least: list[float] | None = None  # and the least it may free (the idle judgement)
-        self.last_peak: tuple[Setting, float] | None = None  # the last observation, as measured
-        self._observed = 0  # observations so far (in this process)
-        self._previous: tuple[Setting, float] | None = None  # the observation before this one
+        self.observations = 0  # observations so far (in this process)
+        self.last_observation: tuple[Setting, float] | None = None  # the last one, as measured
         # |change| of the peak between consecutive checks at one setting, the last few
         self.peak_jitter: deque[float] = deque(maxlen=_JITTER_CHECKS)
 
-    def set_stage_savings(self, savings: list[float], least: list[float] | None = None) -> None:
-        """Bytes each stage frees when checkpointed (stage 1 first), measured once by the caller,
-        and the least each may free when ``savings`` is an upper figure (measured on samples, it
-        counts the stage's inputs, which an earlier op may keep anyway): a rung is judged idle
-        against ``least`` (default: ``savings``), never against an upper figure.
+    def on_stages_measured(
+        self,
+        savings: Sequence[float] | None = None,
+        least: Sequence[float] | None = None,
+        *,
+        rungs: int | None = None,
+    ) -> None:
+        """The stages were measured: bytes each frees when checkpointed (stage 1 first; one rung
+        per stage), and the least each may free when ``savings`` is an upper figure (measured on
+        samples, it counts the stages' inputs, which an earlier op may keep anyway): a rung is
+        judged idle against ``least`` (default: ``savings``), never against an upper figure.
+        ``savings=None``: only their number ``rungs`` is known (e.g. measured with every stage
+        checkpointed after an out-of-memory error); what was known of each stage is kept when the
+        number is the same. A number of stages other than :attr:`rungs` resets what was learned
+        per rung (the model's units changed).
 
-        One number per stage: the ladder gets one rung per stage. A number of stages other than
-        :attr:`rungs` resets what was learned per rung (the model's units changed).
+        Args:
+            savings: bytes each stage frees, or ``None``.
+            least: the least each stage may free (with ``savings``).
+            rungs: the number of stages (default: ``len(savings)``).
 
         Raises:
-            ValueError: for a negative number, or ``least`` of another length or above ``savings``.
+            ValueError: for a negative number, ``least`` of another length or above ``savings``,
+                or ``rungs`` other than ``len(savings)``.
+            TypeError: for ``rungs`` that is not an int.
+
+        Example:
+            >>> model = LadderModel(rungs=4)
+            >>> model.on_stages_measured(rungs=2); model.rungs, model.stage_savings
+            (2, None)
+            >>> model.on_stages_measured([300.0, 100.0]); model.stage_least
+            [300.0, 100.0]
         """
+        if savings is None:
+            rungs = check_int("rungs", rungs, minimum=0)
+            if rungs != self.rungs:
+                self.rungs = self.top = rungs
+                self.rung_memory = MemoryModel(resolution=1.0)
+                self.rung_seconds = {}
+                self.stage_savings = self.stage_least = None
+            return
+        if rungs is not None and rungs != len(savings):
+            raise ValueError(f"rungs ({rungs}) must be the number of stage savings, got {list(savings)}")
         if any(s < 0 for s in savings) or (least is not None and any(s < 0 for s in least)):
-            raise ValueError(f"stage savings must be non-negative bytes, got {savings} and least {least}")
+            raise ValueError(
+                f"stage savings must be non-negative bytes, got {list(savings)} and least {least}"
+            )
         if least is not None and (len(least) != len(savings) or any(a > b for a, b in zip(least, savings))):
             raise ValueError(
                 f"least stage savings must be at most the savings, stage by stage, got {least} for {savings}"
             )
-        self.set_rungs(len(savings))
+        self.on_stages_measured(rungs=len(savings))
         self.stage_savings = [float(s) for s in savings]
         self.stage_least = [float(s) for s in (savings if least is None else least)]
 
-    def set_rungs(self, rungs: int) -> None:
-        """The number of stages, when what each frees is unknown (e.g. measured with all of them
-        checkpointed after an out-of-memory error); resets what was learned per rung if it changed.
-
-        Raises:
-            ValueError: for a negative number.
-        """
-        check_int("rungs", rungs, minimum=0)
-        if rungs != self.rungs:
-            self.rungs = self.top = rungs
-            self.rung_memory = MemoryModel(resolution=1.0)
-            self.rung_seconds = {}
-            self.stage_savings = self.stage_least = None
-
-    def set_continuum_on_top(self, on_top: bool) -> None:
-        """Run the compression continuum on the top rung (``True``: the checkpointed blocks keep
+    def on_continuum_chosen(self, on_top: bool) -> None:
+        """The caller chose where the compression continuum runs: on the top rung (``True``: the checkpointed blocks keep
         only their kept spectrum, so compression shrinks them too) or on rung 0 (the default).
         A change forgets the learned memory-versus-compression model (it was of the other rung)."""
         if not isinstance(on_top, bool):
@@ -126,15 +154,16 @@ class LadderModel:
         """The job's peak memory measured at ``setting``; returns a message when rungs leave the
         ladder for freeing nothing measured (see the module docstring)."""
         message = None
-        again = self._previous is not None and self._previous[0] == setting
+        previous = self.last_observation
+        again = previous is not None and previous[0] == setting
         # the run's first step allocates the optimizer's state (and lazily made buffers) within
         # it: its peak falls short of a step's by that, so the next one at the same setting
         # takes its place, and their difference is not the peak's noise
-        replace = again and self._observed == 1
-        self._observed += 1
+        replace = again and self.observations == 1
+        self.observations += 1
         if again and not replace:
-            self.peak_jitter.append(abs(float(peak_bytes) - self._previous[1]))  # type: ignore[index]
-        self.last_peak = self._previous = (setting, float(peak_bytes))
+            self.peak_jitter.append(abs(float(peak_bytes) - previous[1]))  # type: ignore[index]
+        self.last_observation = (setting, float(peak_bytes))
         if setting.compression <= self.min_compression:
             self.rung_memory.observe(setting.rung, peak_bytes, replace=replace)
             message = self._drop_idle_rungs(setting.rung)
@@ -160,20 +189,20 @@ class LadderModel:
         kept = self.stage_least[lower]
         freed = self.rung_memory.points[lower] - self.rung_memory.points[upper]
         self._lower_top(lower)
-        freed_text = f"freed {freed / 2**20:.1f} MiB" if freed > 0 else "freed nothing"
+        freed_text = f"freed {freed / MIB:.1f} MiB" if freed > 0 else "freed nothing"
         return (
-            f"rung {upper} {freed_text} at the step's peak over rung {lower}, for {kept / 2**20:.1f} "
+            f"rung {upper} {freed_text} at the step's peak over rung {lower}, for {kept / MIB:.1f} "
             f"MiB its stage keeps for backward; the ladder's top rung is now {lower}"
         )
 
     def idle_from(self) -> int | None:
-        """The lowest rung measured to free less than a quarter of the least its stage may free,
-        over the measured rung just below it (a jump over several rungs says nothing of each
+        """The lowest rung measured to free less than :data:`IDLE_FRACTION` of the least its stage
+        may free, over the measured rung just below it (a jump over several rungs says nothing of each
         stage); ``None``: none. It and the rungs above it free nothing worth their recompute.
 
         Example:
             >>> model = LadderModel(rungs=3)
-            >>> model.set_stage_savings([400.0, 200.0, 100.0])
+            >>> model.on_stages_measured([400.0, 200.0, 100.0])
             >>> for rung, peak in [(0, 1000), (1, 620), (2, 600)]:
             ...     _ = model.observe(Setting(rung, 0.0), peak)
             >>> model.idle_from(), model.top  # rung 2 freed 20 of stage 2's 200
@@ -187,16 +216,23 @@ class LadderModel:
             if upper not in points or lower not in points:
                 continue
             kept = self.stage_least[lower]
-            if kept > 0 and points[lower] - points[upper] < 0.25 * kept:
+            if kept > 0 and points[lower] - points[upper] < IDLE_FRACTION * kept:
                 return upper
         return None
 
-    def agree_top(self, top: int) -> None:
-        """Take the top rung the ranks agreed on (the lowest of theirs): a lower one than this
-        rank's is taken as if this rank had lowered it (the continuum moves down with it)."""
+    def on_ranks_agreed(self, top: int, continuum_on_top: bool) -> None:
+        """The ranks agreed on the top rung (the lowest of theirs) and on where the continuum
+        runs (on the top rung only if on every rank): a lower top than this rank's is taken as if
+        this rank had lowered it (the continuum moves down with it).
+
+        Raises:
+            ValueError: for a negative ``top``.
+            TypeError: for a ``continuum_on_top`` that is not a bool.
+        """
         check_int("top", top, minimum=0)
         if top < self.top:
             self._lower_top(top)
+        self.on_continuum_chosen(continuum_on_top)
 
     def _lower_top(self, top: int) -> None:
         self.top = top
@@ -209,7 +245,7 @@ class LadderModel:
         """A step's time on ``rung`` at the floor compression; returns a message when the rung
         leaves the ladder for being slower than ``max_slowdown``."""
         old = self.rung_seconds.get(rung)
-        self.rung_seconds[rung] = seconds if old is None else old + 0.3 * (seconds - old)
+        self.rung_seconds[rung] = seconds if old is None else old + TIME_SMOOTHING * (seconds - old)
         slowdown = self.slowdown(rung)
         if self.max_slowdown is None or slowdown is None or rung == 0 or rung > self.top:
             return None
@@ -258,7 +294,7 @@ class LadderModel:
         """Whether the ladder has a lossy lever (``max_compression`` above ``min_compression``)."""
         return self.max_compression > self.min_compression
 
-    def _hinted_saving(self, rung: int, now: float) -> float | None:
+    def _hinted_saving(self, rung: int, peak: float) -> float | None:
         """Which unvisited rung to try first: what its stages keep for backward over the
         highest measured rung below it, the ``k``-th stage up discounted by ``ratio ** k``
         (``ratio``: what the last climb freed at the peak of its stage's bytes). A hint for the
@@ -279,7 +315,7 @@ class LadderModel:
         # diminishing returns: each stage further up frees that fraction of what the one below
         # it was hinted to (the step's peak moves away from the stages as more are checkpointed)
         stages = self.stage_savings[lower:rung]
-        return now - measured[lower] + sum(ratio ** (k + 1) * kept for k, kept in enumerate(stages))
+        return peak - measured[lower] + sum(ratio ** (k + 1) * kept for k, kept in enumerate(stages))
 
     def _least_compression(self, needs: float, candidates: Iterable[float]) -> float | None:
         """The first of ``candidates`` (on the lossy rung) predicted to need at most ``needs``

@@ -251,7 +251,6 @@ class CheckpointStages:
     def __init__(self, units: list[tuple[str, Unit]]) -> None:
         self.units = dict(units)
         self.stages: list[list[str]] | None = None
-        self.rung = 0
 
     def profile(
         self, exclude: Iterable[torch.Tensor] = (), checkpointed: bool = False, record: int = 0
@@ -262,7 +261,6 @@ class CheckpointStages:
         ``record`` as :class:`UnitProfile`'s."""
         for name, module in self.units.items():
             checkpoint(module, name) if checkpointed else uncheckpoint(module)
-        self.rung = 0
         return UnitProfile(list(self.units.items()), exclude=exclude, record=record)
 
     def remove(self, names: Collection[str]) -> None:
@@ -279,7 +277,6 @@ class CheckpointStages:
         if self.stages is not None:
             stages = [[n for n in stage if n not in names] for stage in self.stages]
             self.stages = [stage for stage in stages if stage]
-            self.rung = min(self.rung, len(self.stages))
 
     def set_stages(self, stages: list[list[str]]) -> None:
         """The stages, highest resolution first, as :meth:`UnitProfile.stages` gives them.
@@ -306,7 +303,17 @@ class CheckpointStages:
         chosen = {name for stage in self.stages[:rung] for name in stage}
         for name, module in self.units.items():
             checkpoint(module, name) if name in chosen else uncheckpoint(module)
-        self.rung = rung
+
+    @property
+    def rung(self) -> int:
+        """The rung the units are switched to, read off the units: how many stages, from the
+        first, have every unit checkpointed (``0`` before :meth:`set_stages`)."""
+        rung = 0
+        for stage in self.stages or ():
+            if not all(is_checkpointed(self.units[name]) for name in stage):
+                break
+            rung += 1
+        return rung
 
     def units_at(self, rung: int) -> int:
         """How many units rung ``rung`` checkpoints (``0`` before :meth:`set_stages`)."""

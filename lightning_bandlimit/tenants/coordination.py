@@ -72,7 +72,7 @@ def offer(controller: LadderController, current: Setting) -> dict[str, object]:
 
     Example:
         >>> ladder = LadderController(rungs=2, min_free=100)
-        >>> ladder.set_stage_savings([300.0, 100.0]); ladder.observe(Setting(0, 0.0), 1000)
+        >>> ladder.on_stages_measured([300.0, 100.0]); ladder.observe(Setting(0, 0.0), 1000)
         >>> offer(ladder, Setting(0, 0.0))["next_freed"]  # rung 1 not visited: its stage's hint
         300.0
     """
@@ -191,7 +191,7 @@ class Coordination:
 
         Example:
             >>> ladder = LadderController(rungs=2, min_free=100)
-            >>> ladder.set_stage_savings([300.0, 100.0]); ladder.observe(Setting(0, 0.0), 1000)
+            >>> ladder.on_stages_measured([300.0, 100.0]); ladder.observe(Setting(0, 0.0), 1000)
             >>> me = Tenant("a", 1, 0.0, memory=1000)
             >>> newcomer = Tenant("b", 2, 0.0, arriving=True, held=600)  # 400 more like a's
             >>> calm = Decision(0, 0.0, "hold", free=350, threshold=100)  # 150 short of that
@@ -277,7 +277,7 @@ class Coordination:
         Example:
             >>> from lightning_bandlimit.memory.probes import MemoryReading
             >>> ladder = LadderController(rungs=2, min_free=100, margin=0.0)
-            >>> ladder.set_stage_savings([300.0, 100.0]); ladder.observe(Setting(2, 0.0), 1000)
+            >>> ladder.on_stages_measured([300.0, 100.0]); ladder.observe(Setting(2, 0.0), 1000)
             >>> calm = ladder.decide(MemoryReading(total=5000, free=150, source="scripted"), Setting(2, 0.0))
             >>> peaks = ((0, 1300), (1, 1040), (2, 1000))  # a run of the same model
             >>> twin = Tenant("a", 1, 0.0, rung_peaks=peaks, stage_least=(300, 100), stage_most=(300, 100))

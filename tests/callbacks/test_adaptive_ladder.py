@@ -358,7 +358,7 @@ def _agree(callback: AdaptiveBandLimit, trainer: _TwoRanks, reading: MemoryReadi
 def _agreeing(top: int = 4) -> AdaptiveBandLimit:
     callback = _callback()
     callback._device = torch.device("cpu")
-    callback.controller.set_stage_savings([400.0, 200.0, 100.0, 50.0])
+    callback.controller.on_stages_measured([400.0, 200.0, 100.0, 50.0])
     callback.controller.top = top
     return callback
 
@@ -390,7 +390,7 @@ def test_ranks_decide_from_the_least_free_memory_largest_peak_and_lowest_top(
 @pytest.mark.parametrize(("mine", "other"), [(True, True), (True, False), (False, True), (False, False)])
 def test_ranks_run_the_continuum_on_the_top_rung_only_if_every_rank_can(mine: bool, other: bool) -> None:
     callback = _agreeing()
-    callback.controller.set_continuum_on_top(mine)
+    callback.controller.on_continuum_chosen(mine)
     _agree(callback, _TwoRanks(600, 1000, 300, 4, on_top=other), MemoryReading(1000, 600, "scripted"), 300)
     assert callback.controller.continuum_on_top == (mine and other)
 
@@ -401,7 +401,7 @@ def test_a_top_rung_a_peer_lowered_moves_the_continuum_down_with_it() -> None:
     # rank lowers its own top): it starts again from rung 2's measured memory.
     callback = _agreeing(top=4)
     ladder = callback.controller
-    ladder.set_continuum_on_top(True)
+    ladder.on_continuum_chosen(True)
     ladder.observe(Setting(2, 0.0), 700)
     ladder.observe(Setting(4, 0.0), 650)
     ladder.observe(Setting(4, 0.5), 400)

@@ -344,7 +344,7 @@ def test_a_ddp_job_makes_no_room_for_an_arrival_and_so_confirms_it_at_once(tmp_p
     _peer(folder, arriving=True, held=1 * M, coordinates=True)
     hold = Decision(0, 0.0, "hold", free=25 * M, threshold=20 * M)  # 4 MB short of the arrival's 9
     strategy = SimpleNamespace(reduce_boolean_decision=lambda held, all: held)
-    adaptive.controller.set_stage_savings([5.0 * M, 5.0 * M])  # two exact rungs
+    adaptive.controller.on_stages_measured([5.0 * M, 5.0 * M])  # two exact rungs
     adaptive.controller.observe(Setting(0, 0.0), 10 * M)
     alone = SimpleNamespace(world_size=1, global_step=5, strategy=strategy)  # one process: makes room
     made = shared(adaptive, alone, hold)  # type: ignore[arg-type]

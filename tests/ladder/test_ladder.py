@@ -43,7 +43,7 @@ def _known(**kwargs: object) -> LadderController:
     """A 4-rung ladder that measured the job's memory on every rung (the stages' saved bytes
     :data:`SAVINGS` are given too; they judge idle rungs, they predict nothing)."""
     ladder = _ladder(**kwargs)
-    ladder.set_stage_savings(SAVINGS)
+    ladder.on_stages_measured(SAVINGS)
     for rung in range(4, -1, -1):
         ladder.observe(Setting(rung, 0.0), 5000 - sum(SAVINGS[:rung]))
     return ladder
@@ -52,7 +52,7 @@ def _known(**kwargs: object) -> LadderController:
 def _rung0(**kwargs: object) -> LadderController:
     """A 4-rung ladder that measured rung 0 only (5000 bytes) and knows the stages' saved bytes."""
     ladder = _ladder(**kwargs)
-    ladder.set_stage_savings(SAVINGS)
+    ladder.on_stages_measured(SAVINGS)
     ladder.observe(FLOOR, 5000)
     return ladder
 
@@ -194,7 +194,7 @@ def test_rung_that_suffices_is_preferred_over_compression() -> None:
 
 def test_lossy_pressure_raises_by_raise_step_without_a_model() -> None:
     ladder = _ladder()
-    ladder.set_stage_savings(SAVINGS)
+    ladder.on_stages_measured(SAVINGS)
     ladder.observe(Setting(0, 0.2), 4000)  # one compression seen on rung 0: no model
     assert ladder.decide(_reading(900), Setting(0, 0.2)).setting == Setting(0, 0.4)
 
@@ -330,7 +330,7 @@ def test_release_from_a_top_rung_start_is_bounded_by_the_stages_saved_bytes(
     # a job that started on its top rung (beside peers): only rung 4 measured, the stages' saved
     # bytes known from samples; going down adds at most what the stages between keep
     ladder = _ladder()
-    ladder.set_stage_savings(SAVINGS)
+    ladder.on_stages_measured(SAVINGS)
     ladder.observe(Setting(4, 0.0), 4350)
     assert _run(ladder, [free, free], Setting(4, 0.0))[-1].setting == target
 
@@ -508,7 +508,7 @@ def test_state_saved_with_another_number_of_rungs_keeps_only_the_compression_mod
     ladder.on_oom(Setting(0, 0.4))
     for other in (_ladder(rungs=2), LadderController(max_compression=0.8)):
         if other.rungs == 0:
-            other.set_rungs(2)  # the stages are known (and differ): nothing per rung is taken
+            other.on_stages_measured(rungs=2)  # the stages are known (and differ): nothing per rung is taken
         other.load_state_dict(ladder.state_dict())
         assert other.compression_memory.points == ladder.compression_memory.points
         assert other.oom_floor == ladder.oom_floor
@@ -516,40 +516,22 @@ def test_state_saved_with_another_number_of_rungs_keeps_only_the_compression_mod
         assert other.rung_memory.points == {} and other.stage_savings is None and other.rung_seconds == {}
 
 
-def test_a_compression_controller_state_gives_the_compression_model() -> None:
-    kwargs = {"min_free": 0.1, "release_free": 0.2, "raise_step": 0.2, "lower_step": 0.1, "release_checks": 2}
-    old = CompressionController(**kwargs)
-    old.model.observe(0.0, 5000)
-    old.model.observe(0.4, 3800)
-    old.on_oom(0.2)
-    ladder = LadderController(**kwargs)
-    ladder.load_state_dict(old.state_dict())
-    assert ladder.compression_memory.points == old.model.points != {}
-    assert ladder.oom_floor == old.oom_floor == 0.4
-    assert ladder.rungs == 0 and ladder.rung_memory.points == {}
-    c, setting = 0.4, Setting(0, 0.4)
-    for free in [300, 300, 1500, 9000, 9000, 9000, 9000, 500]:
-        ref, new = old.decide(_reading(free), c), ladder.decide(_reading(free), setting)
-        assert (new.rung, new.compression, new.reason) == (0, ref.compression, ref.reason)
-        c, setting = ref.compression, new.setting
-
-
 def test_new_stage_savings_of_another_length_reset_what_was_learned_per_rung() -> None:
     ladder = _rung0()
     ladder.observe(Setting(2, 0.0), 4500)
     ladder.observe_time(0, 1.0)
-    ladder.set_stage_savings([100, 100, 100, 100])  # same number of stages: kept
+    ladder.on_stages_measured([100, 100, 100, 100])  # same number of stages: kept
     assert set(ladder.rung_memory.points) == {0, 2}
-    ladder.set_stage_savings([100, 100])
+    ladder.on_stages_measured([100, 100])
     assert ladder.rungs == ladder.top == 2
     assert ladder.rung_memory.points == {} and ladder.rung_seconds == {}
     assert ladder.stage_savings == [100.0, 100.0]
 
 
-def test_set_rungs_without_savings() -> None:
+def test_stages_counted_without_savings() -> None:
     ladder = _learned()
     ladder.observe_time(0, 1.0)
-    ladder.set_rungs(4)  # the same number: everything kept
+    ladder.on_stages_measured(rungs=4)  # the same number: everything kept
     assert ladder.stage_savings == [float(s) for s in SAVINGS] and set(ladder.rung_memory.points) == {
         0,
         1,
@@ -557,7 +539,7 @@ def test_set_rungs_without_savings() -> None:
         3,
         4,
     }
-    ladder.set_rungs(3)
+    ladder.on_stages_measured(rungs=3)
     assert ladder.rungs == ladder.top == 3
     assert ladder.rung_memory.points == {} and ladder.rung_seconds == {} and ladder.stage_savings is None
     assert ladder.compression_memory.points == {0.0: 5000.0, 0.5: 3000.0}  # rung 0's: kept
@@ -565,9 +547,9 @@ def test_set_rungs_without_savings() -> None:
     ladder.observe(FLOOR, 5000)
     assert ladder.decide(_reading(990), FLOOR).setting == Setting(3, 0.0)
     with pytest.raises(ValueError):
-        ladder.set_rungs(-1)
+        ladder.on_stages_measured(rungs=-1)
     with pytest.raises(TypeError):
-        ladder.set_rungs(1.5)  # type: ignore[arg-type]
+        ladder.on_stages_measured(rungs=1.5)  # type: ignore[arg-type]
     assert ladder.rungs == 3
 
 
@@ -604,7 +586,7 @@ def test_rungs_not_an_int_raise_type_error(rungs: object) -> None:
 def test_negative_stage_savings_raise_value_error() -> None:
     ladder = _ladder()
     with pytest.raises(ValueError, match="non-negative"):
-        ladder.set_stage_savings([100, -1, 50, 0])
+        ladder.on_stages_measured([100, -1, 50, 0])
     assert ladder.stage_savings is None
 
 
@@ -635,7 +617,7 @@ def _simulate(cotenant: list[int], savings: bool) -> tuple[list[Setting], list[f
         max_compression=0.9,
     )
     if savings:
-        ladder.set_stage_savings([300, 150, 30])  # the exact differences of RUNG_MEMORY
+        ladder.on_stages_measured([300, 150, 30])  # the exact differences of RUNG_MEMORY
     return simulate_device(ladder, cotenant, _job_memory, BUDGET, FLOOR)
 
 
@@ -707,8 +689,8 @@ def _job_memory_spectral(setting: Setting) -> float:
 
 def _simulate_on_top(cotenant: list[int]) -> tuple[list[Setting], list[float], list[str]]:
     ladder = LadderController(rungs=3, min_free=MIN_FREE, release_free=2 * MIN_FREE, max_compression=0.9)
-    ladder.set_continuum_on_top(True)
-    ladder.set_stage_savings([300, 150, 30])
+    ladder.on_continuum_chosen(True)
+    ladder.on_stages_measured([300, 150, 30])
     return simulate_device(ladder, cotenant, _job_memory_spectral, BUDGET, FLOOR)
 
 
@@ -730,7 +712,7 @@ def test_simulated_cotenant_continuum_on_the_top_rung(peak: int) -> None:
 
 def test_continuum_on_top_raises_and_retries_on_the_top_rung() -> None:
     ladder = _known()
-    ladder.set_continuum_on_top(True)
+    ladder.on_continuum_chosen(True)
     assert ladder.lossy_rung == 4
     # every rung is insufficient, nothing known of the continuum: the top rung plus one raise_step
     assert ladder.decide(_reading(0), FLOOR).setting == Setting(4, 0.2)
@@ -743,10 +725,10 @@ def test_continuum_on_top_raises_and_retries_on_the_top_rung() -> None:
     again = _ladder()
     again.load_state_dict(state)
     assert again.continuum_on_top and again.predict(Setting(4, 0.25)) == pytest.approx(3350)
-    ladder.set_continuum_on_top(False)  # the model was of the other rung: forgotten
+    ladder.on_continuum_chosen(False)  # the model was of the other rung: forgotten
     assert ladder.predict(Setting(4, 0.25)) is None
     with pytest.raises(TypeError, match="on_top must be a bool"):
-        ladder.set_continuum_on_top(1)  # type: ignore[arg-type]
+        ladder.on_continuum_chosen(1)  # type: ignore[arg-type]
 
 
 # -- rungs that free nothing at the step's peak ------------------------------------------------
@@ -754,7 +736,7 @@ def test_continuum_on_top_raises_and_retries_on_the_top_rung() -> None:
 
 def test_rungs_that_free_nothing_measured_leave_the_ladder_and_the_continuum_moves_down() -> None:
     ladder = _rung0()  # stages keep 300, 200, 100, 50 bytes; 5000 at rung 0
-    ladder.set_continuum_on_top(True)
+    ladder.on_continuum_chosen(True)
     # a jump over several rungs judges no stage: rung 4 freed 500 of the 650 stages 1-4 keep
     assert ladder.observe(Setting(4, 0.0), 4500) is None
     assert ladder.observe(Setting(1, 0.0), 4700) is None  # freed 300 of 300: a working rung
@@ -821,7 +803,7 @@ def test_down_from_a_rung_judged_idle_only_when_what_it_freed_fits() -> None:
     # quarter): judged idle; coming down to rung 1 then adds what it freed
     mib = 2**20
     ladder = LadderController(rungs=4, min_free=12 * mib, release_free=74 * mib, margin=0.1)
-    ladder.set_stage_savings(
+    ladder.on_stages_measured(
         [64.0 * mib, 36.0 * mib, 18.0 * mib, 9.0 * mib], [48.0 * mib, 24.0 * mib, 12.0 * mib, 6.0 * mib]
     )
     ladder.observe(Setting(1, 0.0), 1078 * mib)
@@ -848,14 +830,14 @@ def test_a_rung_is_judged_idle_against_the_least_its_stage_may_free_not_an_upper
     # least (less its inputs); rung 2 freed 7.5 over rung 1: under a quarter of 36, over one of 24
     upper, least = [64.0, 36.0, 18.0, 9.0], [48.0, 24.0, 12.0, 6.0]
     ladder = LadderController(rungs=4, min_free=10)
-    ladder.set_stage_savings(upper, least)
+    ladder.on_stages_measured(upper, least)
     ladder.observe(Setting(1, 0.0), 1077)
     assert ladder.observe(Setting(2, 0.0), 1069.5) is None and ladder.top == 4  # an exact rung kept
     restored = LadderController(rungs=4, min_free=10)
     restored.load_state_dict(ladder.state_dict())
     assert restored.stage_savings == upper and restored.stage_least == least
     judged_by_upper = LadderController(rungs=4, min_free=10)
-    judged_by_upper.set_stage_savings(upper)  # the least not given: the savings themselves
+    judged_by_upper.on_stages_measured(upper)  # the least not given: the savings themselves
     judged_by_upper.observe(Setting(1, 0.0), 1077)
     assert judged_by_upper.observe(Setting(2, 0.0), 1069.5) is not None and judged_by_upper.top == 1
 
@@ -863,7 +845,7 @@ def test_a_rung_is_judged_idle_against_the_least_its_stage_may_free_not_an_upper
 @pytest.mark.parametrize("least", [[10.0, 30.0], [10.0], [-1.0, 5.0]])
 def test_least_stage_savings_must_be_at_most_the_savings_stage_by_stage(least: list[float]) -> None:
     with pytest.raises(ValueError, match="least"):
-        LadderController(rungs=2).set_stage_savings([20.0, 20.0], least)
+        LadderController(rungs=2).on_stages_measured([20.0, 20.0], least)
 
 
 def test_a_hinted_rung_is_discounted_by_what_the_last_climb_freed() -> None:
@@ -888,7 +870,7 @@ def test_a_ramp_that_would_overdraw_is_not_met_with_an_untried_rung(frees: list[
     # nothing it would overdraw by the next check, so the continuum starts instead. After a
     # single jump (no growth before it) the whole exact lever is still tried first.
     ladder = _rung0()
-    ladder.set_continuum_on_top(True)
+    ladder.on_continuum_chosen(True)
     ladder.observe(Setting(1, 0.0), 4700)
     ladder.observe(Setting(2, 0.0), 4650)
     setting = _ramp_then_short(ladder, frees)
@@ -936,8 +918,8 @@ def test_the_measured_deep_trace_never_overdraws(growth: int) -> None:
     # while the job changed its setting overdrew 2-3 checks at growth 10-12
     cotenant = [40] * 25 + list(range(40, 200, growth)) + [200] * 25 + [40] * 25
     ladder = LadderController(rungs=4, min_free=int(11.8 * 1024), release_free=74 * 1024)
-    ladder.set_continuum_on_top(True)
-    ladder.set_stage_savings([48 * 1024, 24 * 1024, 12 * 1024, 6 * 1024])
+    ladder.on_continuum_chosen(True)
+    ladder.on_stages_measured([48 * 1024, 24 * 1024, 12 * 1024, 6 * 1024])
     settings, frees, _ = simulate_device(
         ladder, [c * 1024 for c in cotenant], _deep_job, int(1237.8 * 1024), FLOOR
     )
@@ -954,7 +936,7 @@ def test_a_step_squeeze_that_overdraws_once_is_met_with_exact_rungs() -> None:
     drift = [3900 + k for k in range(20)]
     cotenant = drift + [drift[-1] + 1321] * 10
     ladder = LadderController(rungs=4, min_free=200, release_free=400, margin=0.0)
-    ladder.set_stage_savings(SAVINGS)
+    ladder.on_stages_measured(SAVINGS)
     memory = [5000 - sum(SAVINGS[:rung]) for rung in range(5)]
 
     def job(setting: Setting) -> float:
@@ -991,8 +973,8 @@ def test_a_shortfall_within_the_noise_of_the_jobs_own_peak_takes_no_lossy_change
     settle = 1237.8 - 12 + short - DEEP_RUNGS[2]  # co-tenant MiB leaving the job `short` on rung 2
     cotenant = [40 * 1024] * 20 + [int(settle * 1024)] * 30
     ladder = LadderController(rungs=4, min_free=low, release_free=74 * 1024)
-    ladder.set_continuum_on_top(True)
-    ladder.set_stage_savings([48 * 1024, 24 * 1024, 12 * 1024, 6 * 1024])
+    ladder.on_continuum_chosen(True)
+    ladder.on_stages_measured([48 * 1024, 24 * 1024, 12 * 1024, 6 * 1024])
     settings, frees, _ = simulate_device(ladder, cotenant, _noisy_deep_job(jitter), total, FLOOR)
     assert frees[20] < 0 <= min(frees[21:])  # only the jump's own check is over budget
     assert ladder.top == 2  # rungs 3-4 were tried and freed nothing
@@ -1008,17 +990,15 @@ def test_a_peers_own_change_is_not_others_growth() -> None:
     def run(publish: bool) -> LadderController:
         ladder = _rung0()
         for peer, free in [(3000, 3000), (3400, 2600), (3800, 2200)]:
-            ladder.peer_memory = float(peer) if publish else None
             ladder.observe(FLOOR, 5000)
-            ladder.decide(_reading(free), FLOOR)
+            ladder.decide(_reading(free), FLOOR, peer_memory=float(peer) if publish else None)
         return ladder
 
     assert run(publish=False).state_dict()["growth"] == [400.0, 400.0]
     assert run(publish=True).state_dict()["growth"] == [0.0, 0.0]
     # growth is not read across a check where the peers' memory became known
     ladder = run(publish=False)
-    ladder.peer_memory = 3800.0
     ladder.observe(FLOOR, 5000)
-    ladder.decide(_reading(1800), FLOOR)
+    ladder.decide(_reading(1800), FLOOR, peer_memory=3800.0)
     assert ladder.state_dict()["growth"] == [400.0, None]
     assert ladder.state_dict()["last_peers"] == 3800.0

@@ -22,7 +22,7 @@ def _memory(setting: Setting) -> float:
 
 def _ladder() -> LadderController:
     ladder = LadderController(rungs=2, min_free=200, release_free=400, release_checks=2, cooldown_checks=1)
-    ladder.set_stage_savings([150.0, 150.0])
+    ladder.on_stages_measured([150.0, 150.0])
     return ladder
 
 
@@ -367,7 +367,7 @@ def test_room_for_an_arrival_is_sized_by_a_top_rung_measured_and_noise_is_not_ac
 def _four_rungs(*rungs: int) -> LadderController:
     """A job of four rungs (each hinted and measured to free 150) measured on ``rungs``."""
     ladder = LadderController(rungs=4, min_free=200, release_free=400)
-    ladder.set_stage_savings([150.0] * 4)
+    ladder.on_stages_measured([150.0] * 4)
     for rung in rungs:
         ladder.observe(Setting(rung, 0.0), _memory(Setting(rung, 0.0)))
     return ladder

@@ -17,7 +17,7 @@ def _ladder(
 ) -> tuple[LadderController, Decision]:
     """A newcomer measured once on ``setting``: stages from samples (upper) and their least."""
     ladder = LadderController(rungs=4, min_free=12, release_free=74, margin=margin)
-    ladder.set_stage_savings([64.0, 36.0, 18.0, 9.0], LEAST)
+    ladder.on_stages_measured([64.0, 36.0, 18.0, 9.0], LEAST)
     ladder.observe(setting, peak)
     return ladder, ladder.decide(MemoryReading(total=5000, free=free, source="scripted"), setting)
 

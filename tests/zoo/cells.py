@@ -240,7 +240,7 @@ def step_squeeze(name: str) -> dict[str, Any]:
     assert freed > 0, f"the top rung frees nothing: {memory}"
     min_free = freed  # so a squeeze smaller than what the exact rungs free is never over budget
     ladder = LadderController(rungs=top, min_free=min_free, release_free=2 * min_free, max_compression=0.9)
-    ladder.set_stage_savings(profile.savings())
+    ladder.on_stages_measured(profile.savings())
     total = memory[0] + min_free + freed // 20  # calm: free just above min_free
     squeeze = freed // 20 + 45 * freed // 100  # leaves the job 45 % of what the exact rungs free short
     cotenant = [0] * 3 + [squeeze] * 10
