@@ -290,7 +290,9 @@ class AdaptiveBandLimit(BandLimit):
     def _finish_profile(self, world_size: int) -> None:
         """The stages the first step measured go to the controller; the job moves to its rung."""
         lossy = self.controller.lossy and self.controller.max_compression > self.compression
-        also = max(self.compression, min(TRIAL_COMPRESSION, self.controller.max_compression)) if lossy else None
+        also = (
+            max(self.compression, min(TRIAL_COMPRESSION, self.controller.max_compression)) if lossy else None
+        )
         outcome = self._rungs.finish_profile([None] if also is None else [None, also], world_size)
         if outcome is None:  # no unit is exact: the ladder is the compression alone
             self._stages_measured(rungs=0)
@@ -345,9 +347,7 @@ class AdaptiveBandLimit(BandLimit):
             return
         reading, peak = read
         if trainer.world_size > 1:
-            agreed = agree_across_ranks(trainer.strategy, self.controller, reading, peak, self._device)
-            reading, peak = agreed.reading, agreed.peak
-            self.controller.on_ranks_agreed(agreed.top, agreed.continuum_on_top)
+            reading, peak = self._agree(trainer, reading, peak)
         if peak:
             self._measured(self.setting, float(peak))
         peers = None if self.coordinator is None else self.coordinator.peer_memory()
@@ -369,6 +369,15 @@ class AdaptiveBandLimit(BandLimit):
             )
             self.probe = None
             return None
+
+    def _agree(
+        self, trainer: pl.Trainer, reading: MemoryReading, peak: int | None
+    ) -> tuple[MemoryReading, int | None]:
+        """What every rank decides from (:func:`~.ladder_decisions.agree_across_ranks`); the agreed
+        top rung and continuum go to the controller (the one place they do)."""
+        agreed = agree_across_ranks(trainer.strategy, self.controller, reading, peak, self._device)
+        self.controller.on_ranks_agreed(agreed.top, agreed.continuum_on_top)
+        return agreed.reading, agreed.peak
 
     def _measured(self, setting: Setting, peak: float) -> None:
         """The job's peak measured at ``setting`` goes to the controller (the one place it does)."""

@@ -260,7 +260,9 @@ class ExactRungs:
         if self.stages is None or self.staged or not saved:
             return None
         if sorted(n for stage in saved for n in stage) != sorted(self.stages.units):
-            rank_zero_info("AdaptiveBandLimit: the checkpoint's stages name other units; measuring them again")
+            rank_zero_info(
+                "AdaptiveBandLimit: the checkpoint's stages name other units; measuring them again"
+            )
             return False
         self.stages.set_stages(saved)  # resumed: no profiling step, the saved rung from the first step
         self.rung = min(self._rung, top)
@@ -276,7 +278,9 @@ class ExactRungs:
         assert self.stages is not None
         self.profiling = Profiling.start(self.stages, (), oom_step=step)
 
-    def finish_profile(self, trial_compressions: list[float | None], world_size: int) -> ProfileOutcome | None:
+    def finish_profile(
+        self, trial_compressions: list[float | None], world_size: int
+    ) -> ProfileOutcome | None:
         """The stages the first step measured, with the units not exact when checkpointed (tried
         at ``trial_compressions``) off the ladder; ``None`` (said once) when no unit is exact."""
         assert self.stages is not None and self.profiling is not None

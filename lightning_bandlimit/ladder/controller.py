@@ -316,7 +316,9 @@ class LadderController(LadderModel):
             return self._safe_end
         if peak is not None:
             above = [
-                c for c in self._grid(self.min_compression, self.max_compression)[1:] if c > current.compression
+                c
+                for c in self._grid(self.min_compression, self.max_compression)[1:]
+                if c > current.compression
             ]
             if (fitting := self._least_compression(peak - deficit, above)) is not None:
                 return Setting(self.lossy_rung, fitting)

@@ -136,9 +136,14 @@ class LadderModel:
         self.stage_least = [float(s) for s in (savings if least is None else least)]
 
     def on_continuum_chosen(self, on_top: bool) -> None:
-        """The caller chose where the compression continuum runs: on the top rung (``True``: the checkpointed blocks keep
-        only their kept spectrum, so compression shrinks them too) or on rung 0 (the default).
-        A change forgets the learned memory-versus-compression model (it was of the other rung)."""
+        """The caller chose where the compression continuum runs: on the top rung (``True``: the
+        checkpointed blocks keep only their kept spectrum, so compression shrinks them too) or on
+        rung 0 (the default). A change forgets the learned memory-versus-compression model (it
+        was of the other rung).
+
+        Raises:
+            TypeError: for ``on_top`` that is not a bool.
+        """
         if not isinstance(on_top, bool):
             raise TypeError(f"on_top must be a bool, got {on_top!r}")
         if on_top != self.continuum_on_top:

@@ -64,9 +64,9 @@ if __name__ == "__main__":
     )
 
     def report(trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict:
-        stages = adaptive._stages.stages if adaptive._stages is not None else None
+        stages = adaptive._rungs.stages.stages if adaptive._rungs.stages is not None else None
         return {
-            "units": sorted(adaptive._stages.units) if adaptive._stages is not None else [],
+            "units": sorted(adaptive._rungs.stages.units) if adaptive._rungs.stages is not None else [],
             "stages": stages,
             "timeline": [(d["step"], d["rung"], d["compression"]) for d in adaptive.decisions],
             "steps": trainer.global_step,

@@ -19,7 +19,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_bandlimit import bandlimited_layers
 from lightning_bandlimit.callbacks import AdaptiveBandLimit
 from lightning_bandlimit.callbacks import adaptive_band_limit as adaptive_module
-from lightning_bandlimit.callbacks.ladder_decisions import agree_across_ranks
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.ladder import Setting
 from lightning_bandlimit.memory import MemoryReading, ScriptedProbe
@@ -275,7 +274,7 @@ class _Tick(pl.Callback):
         self.clock, self.adaptive = clock, adaptive
 
     def on_train_batch_end(self, *args: Any) -> None:
-        stages = self.adaptive._stages
+        stages = self.adaptive._rungs.stages
         self.clock.now += 1.0 + 0.5 * (stages.rung if stages is not None else 0)
 
 
@@ -352,7 +351,7 @@ class _TwoRanks:
 
 def _agree(callback: AdaptiveBandLimit, trainer: _TwoRanks, reading: MemoryReading, peak: int | None):
     """What ``callback`` decides from under DDP, as its check computes it."""
-    return agree_across_ranks(trainer.strategy, callback.controller, reading, peak, callback._device)
+    return callback._agree(trainer, reading, peak)  # type: ignore[arg-type]
 
 
 def _agreeing(top: int = 4) -> AdaptiveBandLimit:

@@ -83,7 +83,7 @@ def test_a_unit_whose_recompute_differs_leaves_the_ladder_with_one_warning(preci
         trainer.fit(_Module(net), _data())
     messages = [str(w.message) for w in caught if "not exact when checkpointed" in str(w.message)]
     assert len(messages) == 1 and "net.2: checkpointed" in messages[0], messages
-    assert callback._stages is None or "net.2" not in callback._stages.units
+    assert callback._rungs.stages is None or "net.2" not in callback._rungs.stages.units
     assert max(d["rung"] for d in callback.decisions) == 2  # the two exact blocks, one stage each
 
 

@@ -1,77 +1,14 @@
-"""LadderController: exact rungs at the floor first, then compression on rung 0; lossy part released first."""
+"""LadderController's decisions: exact rungs at the floor first, then compression; the lossy part
+released first."""
 
 import random
 
 import pytest
 from _helpers import simulate_device
+from ladder_cases import FLOOR, SAVINGS, TOTAL, _known, _ladder, _learned, _reading, _run, _rung0
 
-from lightning_bandlimit.ladder import (
-    CompressionController,
-    Decision,
-    LadderController,
-    LadderDecision,
-    Setting,
-)
+from lightning_bandlimit.ladder import Decision, LadderController, Setting
 from lightning_bandlimit.memory.probes import MemoryReading
-
-TOTAL = 10_000
-FLOOR = Setting(0, 0.0)
-SAVINGS = [300, 200, 100, 50]  # bytes each of 4 stages frees, highest resolution first
-# with the job at 5000 bytes on rung 0: rungs 0..4 need 5000, 4700, 4500, 4400, 4350
-
-
-def _reading(free: int, total: int = TOTAL) -> MemoryReading:
-    return MemoryReading(total=total, free=free, source="scripted")
-
-
-def _ladder(**kwargs: object) -> LadderController:
-    defaults = {
-        "rungs": 4,
-        "min_free": 1000,
-        "release_free": 2000,
-        "raise_step": 0.2,
-        "lower_step": 0.1,
-        "release_checks": 2,
-        "cooldown_checks": 1,
-        "margin": 0.0,
-        "max_compression": 0.8,
-    }
-    return LadderController(**{**defaults, **kwargs})
-
-
-def _known(**kwargs: object) -> LadderController:
-    """A 4-rung ladder that measured the job's memory on every rung (the stages' saved bytes
-    :data:`SAVINGS` are given too; they judge idle rungs, they predict nothing)."""
-    ladder = _ladder(**kwargs)
-    ladder.on_stages_measured(SAVINGS)
-    for rung in range(4, -1, -1):
-        ladder.observe(Setting(rung, 0.0), 5000 - sum(SAVINGS[:rung]))
-    return ladder
-
-
-def _rung0(**kwargs: object) -> LadderController:
-    """A 4-rung ladder that measured rung 0 only (5000 bytes) and knows the stages' saved bytes."""
-    ladder = _ladder(**kwargs)
-    ladder.on_stages_measured(SAVINGS)
-    ladder.observe(FLOOR, 5000)
-    return ladder
-
-
-def _learned(**kwargs: object) -> LadderController:
-    """:func:`_known` that also learned rung 0's memory versus compression: 5000 - 4000 c."""
-    ladder = _known(**kwargs)
-    ladder.observe(Setting(0, 0.5), 3000)
-    return ladder
-
-
-def _run(ladder: LadderController, frees: list[int], start: Setting = FLOOR) -> list[LadderDecision]:
-    setting, decisions = start, []
-    for free in frees:
-        decision = ladder.decide(_reading(free), setting)
-        setting = decision.setting
-        decisions.append(decision)
-    return decisions
-
 
 # -- pressure: the exact rungs ----------------------------------------------------------------
 
@@ -83,7 +20,7 @@ def _run(ladder: LadderController, frees: list[int], start: Setting = FLOOR) -> 
 def test_pressure_jumps_to_the_least_rung_predicted_to_fit(free: int, rung: int) -> None:
     decision = _known().decide(_reading(free), FLOOR)
     # rungs free 300, 500, 600, 650 bytes: the least one covering the deficit (1000 - free)
-    assert decision == LadderDecision(rung, 0.0, "raise", free, 1000)
+    assert decision == Decision(rung, 0.0, "raise", free, 1000)
 
 
 def test_pressure_from_a_middle_rung_goes_up_from_there() -> None:
@@ -135,7 +72,7 @@ def test_unknown_rungs_jump_straight_to_the_top_rung(observe: bool) -> None:
     if observe:
         ladder.observe(FLOOR, 5000)
     decision = ladder.decide(_reading(990), FLOOR)  # only 10 bytes short
-    assert decision == LadderDecision(4, 0.0, "raise", 990, 1000)  # exact: no compression
+    assert decision == Decision(4, 0.0, "raise", 990, 1000)  # exact: no compression
 
 
 def test_unknown_rung_on_the_way_up_jumps_to_the_top_rung() -> None:
@@ -164,7 +101,7 @@ def test_all_rungs_insufficient_and_no_compression_model_jumps_to_max_compressio
 ) -> None:
     decision = make().decide(_reading(free), start)
     # past the exact rungs with nothing known of the continuum: its far end, on rung 0
-    assert decision == LadderDecision(0, 0.8, "raise", free, 1000)
+    assert decision == Decision(0, 0.8, "raise", free, 1000)
 
 
 @pytest.mark.parametrize(
@@ -355,71 +292,7 @@ def test_release_never_goes_below_the_oom_floor() -> None:
 def test_compression_only_raises_compression() -> None:
     ladder = _ladder(rungs=0)
     decision = ladder.decide(_reading(500), FLOOR)
-    assert decision == LadderDecision(0, 0.2, "raise", 500, 1000)  # raise_step, not max_compression
-
-
-def test_compression_only_matches_the_compression_controller() -> None:
-    rng = random.Random(3)
-    frees = [rng.choice([300, 1500, 2500, 9000]) for _ in range(300)]
-    kwargs = {
-        "min_free": 0.1,
-        "release_free": 0.2,
-        "raise_step": 0.2,
-        "lower_step": 0.1,
-        "release_checks": 2,
-        "cooldown_checks": 1,
-    }
-    ladder, old = LadderController(rungs=0, **kwargs), CompressionController(**kwargs)
-    setting, c = FLOOR, 0.0
-    for i, free in enumerate(frees):
-        if i % 3 == 0:  # the job's memory at its compression, learned by both
-            ladder.observe(setting, 5000 - 3000 * setting.compression)
-            old.model.observe(c, 5000 - 3000 * c)
-        new = ladder.decide(_reading(free), setting)
-        ref = old.decide(_reading(free), c)
-        assert (new.rung, new.compression, new.reason) == (0, ref.compression, ref.reason), i
-        setting, c = new.setting, ref.compression
-
-
-# -- max_slowdown -----------------------------------------------------------------------------
-
-
-def test_max_slowdown_takes_slow_rungs_off_the_ladder() -> None:
-    ladder = _learned(max_slowdown=1.5)
-    assert ladder.observe_time(0, 1.0) is None
-    assert ladder.observe_time(1, 1.2) is None
-    assert ladder.slowdown(1) == pytest.approx(1.2)
-    learned = dict(ladder.compression_memory.points)
-    message = ladder.observe_time(2, 2.0)
-    assert message is not None and "rung 2" in message and "top rung is now 1" in message
-    assert ladder.top == 1 and ladder.rungs == 4
-    assert ladder.compression_memory.points == learned  # learned on rung 0: still valid
-    assert ladder.observe_time(3, 5.0) is None  # above the top: off the ladder already
-    assert ladder.top == 1
-    # 350 short: rung 2 (frees 500) would do, but the continuum now starts above rung 1 (300)
-    assert _learned().decide(_reading(650), FLOOR).setting == Setting(2, 0.0)
-    assert ladder.decide(_reading(650), FLOOR).setting == Setting(0, 0.09)  # needs 4650: c = 0.0875
-    # released from the continuum only to the rungs left: 4420 may be used, rung 3 would fit
-    ladder = _learned(max_slowdown=1.5)
-    ladder.observe_time(0, 1.0)
-    ladder.observe_time(2, 2.0)
-    assert ladder.top == 1
-    assert _run(ladder, [3420, 3420], Setting(0, 0.5))[-1].setting == Setting(0, 0.15)
-
-
-def test_max_slowdown_with_unknown_rungs_goes_to_the_new_top() -> None:
-    ladder = _ladder(max_slowdown=1.5)
-    ladder.observe_time(0, 1.0)
-    ladder.observe_time(2, 2.0)
-    assert ladder.top == 1
-    assert ladder.decide(_reading(990), FLOOR).setting == Setting(1, 0.0)  # unknown: the top rung
-
-
-def test_no_max_slowdown_keeps_every_rung() -> None:
-    ladder = _ladder()
-    ladder.observe_time(0, 1.0)
-    assert ladder.observe_time(4, 10.0) is None
-    assert ladder.top == 4 and ladder.slowdown(4) == pytest.approx(10.0)
+    assert decision == Decision(0, 0.2, "raise", 500, 1000)  # raise_step, not max_compression
 
 
 # -- out of memory ----------------------------------------------------------------------------
@@ -516,43 +389,6 @@ def test_state_saved_with_another_number_of_rungs_keeps_only_the_compression_mod
         assert other.rung_memory.points == {} and other.stage_savings is None and other.rung_seconds == {}
 
 
-def test_new_stage_savings_of_another_length_reset_what_was_learned_per_rung() -> None:
-    ladder = _rung0()
-    ladder.observe(Setting(2, 0.0), 4500)
-    ladder.observe_time(0, 1.0)
-    ladder.on_stages_measured([100, 100, 100, 100])  # same number of stages: kept
-    assert set(ladder.rung_memory.points) == {0, 2}
-    ladder.on_stages_measured([100, 100])
-    assert ladder.rungs == ladder.top == 2
-    assert ladder.rung_memory.points == {} and ladder.rung_seconds == {}
-    assert ladder.stage_savings == [100.0, 100.0]
-
-
-def test_stages_counted_without_savings() -> None:
-    ladder = _learned()
-    ladder.observe_time(0, 1.0)
-    ladder.on_stages_measured(rungs=4)  # the same number: everything kept
-    assert ladder.stage_savings == [float(s) for s in SAVINGS] and set(ladder.rung_memory.points) == {
-        0,
-        1,
-        2,
-        3,
-        4,
-    }
-    ladder.on_stages_measured(rungs=3)
-    assert ladder.rungs == ladder.top == 3
-    assert ladder.rung_memory.points == {} and ladder.rung_seconds == {} and ladder.stage_savings is None
-    assert ladder.compression_memory.points == {0.0: 5000.0, 0.5: 3000.0}  # rung 0's: kept
-    # savings unknown: the rungs cannot be predicted, so pressure goes to the top rung at once
-    ladder.observe(FLOOR, 5000)
-    assert ladder.decide(_reading(990), FLOOR).setting == Setting(3, 0.0)
-    with pytest.raises(ValueError):
-        ladder.on_stages_measured(rungs=-1)
-    with pytest.raises(TypeError):
-        ladder.on_stages_measured(rungs=1.5)  # type: ignore[arg-type]
-    assert ladder.rungs == 3
-
-
 # -- arguments --------------------------------------------------------------------------------
 
 
@@ -581,13 +417,6 @@ def test_bad_arguments_raise_value_error(kwargs: dict) -> None:
 def test_rungs_not_an_int_raise_type_error(rungs: object) -> None:
     with pytest.raises(TypeError):
         LadderController(rungs=rungs)
-
-
-def test_negative_stage_savings_raise_value_error() -> None:
-    ladder = _ladder()
-    with pytest.raises(ValueError, match="non-negative"):
-        ladder.on_stages_measured([100, -1, 50, 0])
-    assert ladder.stage_savings is None
 
 
 # -- a simulated run --------------------------------------------------------------------------
@@ -729,131 +558,6 @@ def test_continuum_on_top_raises_and_retries_on_the_top_rung() -> None:
     assert ladder.predict(Setting(4, 0.25)) is None
     with pytest.raises(TypeError, match="on_top must be a bool"):
         ladder.on_continuum_chosen(1)  # type: ignore[arg-type]
-
-
-# -- rungs that free nothing at the step's peak ------------------------------------------------
-
-
-def test_rungs_that_free_nothing_measured_leave_the_ladder_and_the_continuum_moves_down() -> None:
-    ladder = _rung0()  # stages keep 300, 200, 100, 50 bytes; 5000 at rung 0
-    ladder.on_continuum_chosen(True)
-    # a jump over several rungs judges no stage: rung 4 freed 500 of the 650 stages 1-4 keep
-    assert ladder.observe(Setting(4, 0.0), 4500) is None
-    assert ladder.observe(Setting(1, 0.0), 4700) is None  # freed 300 of 300: a working rung
-    assert ladder.observe(Setting(2, 0.0), 4520) is None  # freed 180 of 200
-    assert ladder.top == 4
-    # stage 3 keeps 100 bytes; rung 3 freed 10 of them (less than a quarter): it leaves, with 4
-    message = ladder.observe(Setting(3, 0.0), 4510)
-    assert message is not None and "rung 3 freed" in message and "top rung is now 2" in message
-    assert ladder.top == ladder.lossy_rung == 2
-    # the continuum starts from rung 2's measured memory
-    assert ladder.compression_memory.points == {0.0: 4520}
-    # on rung 4 without pressure: down to rung 2 (same memory, less recompute)
-    assert ladder.decide(_reading(1500), Setting(4, 0.0)).setting == Setting(2, 0.0)
-    # under pressure: the continuum on rung 2, never rung 4 again
-    assert ladder.decide(_reading(500), Setting(2, 0.0)).setting.rung == 2
-    assert ladder.state_dict()["top"] == 2
-
-
-def test_the_first_steps_peak_is_replaced_by_the_next_and_is_no_sample_of_the_noise() -> None:
-    # the optimizer's state is made within the first step: the second at one setting is higher
-    ladder = _ladder()
-    ladder.observe(FLOOR, 4860)
-    ladder.observe(FLOOR, 5000)
-    assert ladder.peak_noise == 0 and ladder.rung_memory.points[0] == 5000  # not their average
-    ladder.observe(FLOOR, 5010)
-    assert ladder.peak_noise == 10 and ladder.rung_memory.points[0] == 5005
-    moved = _ladder()  # a first step at another setting: the next is its own first measure
-    moved.observe(Setting(4, 0.0), 4000)
-    moved.observe(FLOOR, 5000)
-    moved.observe(FLOOR, 5020)
-    assert moved.peak_noise == 20 and moved.rung_memory.points[0] == 5010
-
-
-def test_the_idle_rung_is_kept_after_it_left_the_ladder() -> None:
-    ladder = _rung0()  # stages keep 300, 200, 100, 50 bytes
-    assert ladder.idle_from() is None
-    for rung, peak in [(1, 4700), (2, 4520), (3, 4510)]:
-        ladder.observe(Setting(rung, 0.0), peak)
-    assert ladder.top == 2 and ladder.idle_from() == 3  # what a peer reads of it (the ledger)
-    ladder.observe(Setting(2, 0.0), 4521)  # judged again at the top: still the same rung
-    assert ladder.top == 2 and ladder.idle_from() == 3
-
-
-def test_room_for_an_arrival_is_made_a_measured_rung_at_a_time_unless_a_rung_is_known_to_do() -> None:
-    ladder = _rung0()  # 5000 at rung 0; stages keep 300, 200, 100, 50 (hints)
-    assert ladder.make_room(FLOOR, 450.0) == Setting(2, 0.0)  # hinted enough: straight there
-    assert ladder.make_room(FLOOR, 2000.0) == Setting(1, 0.0)  # none is: the next rung, measured
-    ladder.observe(Setting(1, 0.0), 4700)
-    ladder.observe(Setting(3, 0.0), 4400)  # measured before, frees 600
-    assert ladder.make_room(Setting(1, 0.0), 250.0) == Setting(3, 0.0)  # rung 3 is measured to do
-    assert ladder.make_room(Setting(1, 0.0), 2000.0) == Setting(2, 0.0)  # the next one not measured
-    ladder.observe(Setting(2, 0.0), 4450)
-    ladder.observe(Setting(4, 0.0), 4360)
-    assert ladder.make_room(Setting(1, 0.0), 2000.0) == Setting(4, 0.0)  # all measured: the most
-    assert ladder.make_room(Setting(4, 0.0), 2000.0) == Setting(4, 0.0)  # nothing exact left
-    assert ladder.make_room(Setting(1, 0.3), 2000.0) == Setting(1, 0.3)  # never from a compression
-    unmeasured = _rung0()
-    unmeasured.rung_memory = type(unmeasured.rung_memory)(resolution=1.0)
-    assert unmeasured.make_room(FLOOR, 2000.0) == Setting(4, 0.0)  # its own memory unknown: the top
-
-
-def test_down_from_a_rung_judged_idle_only_when_what_it_freed_fits() -> None:
-    # seen in cotrain (MiB): rung 2 freed 5.5-6.0 over rung 1 for its stage's 24 (about a
-    # quarter): judged idle; coming down to rung 1 then adds what it freed
-    mib = 2**20
-    ladder = LadderController(rungs=4, min_free=12 * mib, release_free=74 * mib, margin=0.1)
-    ladder.on_stages_measured(
-        [64.0 * mib, 36.0 * mib, 18.0 * mib, 9.0 * mib], [48.0 * mib, 24.0 * mib, 12.0 * mib, 6.0 * mib]
-    )
-    ladder.observe(Setting(1, 0.0), 1078 * mib)
-    assert ladder.observe(Setting(2, 0.0), 1072.5 * mib) is not None and ladder.top == 1
-    spare_5 = MemoryReading(total=3000 * mib, free=int(18.2 * mib), source="scripted")  # 13.2 + 5
-    assert ladder.decide(spare_5, Setting(2, 0.0)) == Decision(2, 0.0, "hold", int(18.2 * mib), 12 * mib)
-    spare_7 = MemoryReading(total=3000 * mib, free=int(20.2 * mib), source="scripted")  # 5.5 fits in 7
-    assert ladder.decide(spare_7, Setting(2, 0.0)).setting == Setting(1, 0.0)
-
-
-def test_a_rung_that_frees_a_quarter_of_what_its_stages_keep_stays() -> None:
-    ladder = _rung0()
-    ladder.observe(Setting(1, 0.0), 4700)
-    ladder.observe(Setting(2, 0.0), 4520)
-    assert ladder.observe(Setting(3, 0.0), 4490) is None  # 30 of 100: noisy, but it frees
-    assert ladder.top == 4
-    plain = _ladder()  # stage savings unknown: no rung can be judged
-    plain.observe(FLOOR, 5000)
-    assert plain.observe(Setting(4, 0.0), 5000) is None and plain.top == 4
-
-
-def test_a_rung_is_judged_idle_against_the_least_its_stage_may_free_not_an_upper_figure() -> None:
-    # from samples (a newcomer's first step on its top rung), stage 2 keeps 36 at most and 24 at
-    # least (less its inputs); rung 2 freed 7.5 over rung 1: under a quarter of 36, over one of 24
-    upper, least = [64.0, 36.0, 18.0, 9.0], [48.0, 24.0, 12.0, 6.0]
-    ladder = LadderController(rungs=4, min_free=10)
-    ladder.on_stages_measured(upper, least)
-    ladder.observe(Setting(1, 0.0), 1077)
-    assert ladder.observe(Setting(2, 0.0), 1069.5) is None and ladder.top == 4  # an exact rung kept
-    restored = LadderController(rungs=4, min_free=10)
-    restored.load_state_dict(ladder.state_dict())
-    assert restored.stage_savings == upper and restored.stage_least == least
-    judged_by_upper = LadderController(rungs=4, min_free=10)
-    judged_by_upper.on_stages_measured(upper)  # the least not given: the savings themselves
-    judged_by_upper.observe(Setting(1, 0.0), 1077)
-    assert judged_by_upper.observe(Setting(2, 0.0), 1069.5) is not None and judged_by_upper.top == 1
-
-
-@pytest.mark.parametrize("least", [[10.0, 30.0], [10.0], [-1.0, 5.0]])
-def test_least_stage_savings_must_be_at_most_the_savings_stage_by_stage(least: list[float]) -> None:
-    with pytest.raises(ValueError, match="least"):
-        LadderController(rungs=2).on_stages_measured([20.0, 20.0], least)
-
-
-def test_a_hinted_rung_is_discounted_by_what_the_last_climb_freed() -> None:
-    ladder = _rung0()
-    ladder.observe(Setting(1, 0.0), 4850)  # stage 1 keeps 300 for backward; the peak fell by 150
-    # short by 120 on rung 1: stage 2's 200 saved bytes, at the half the last climb freed, are 100
-    decision = ladder.decide(_reading(880), Setting(1, 0.0))
-    assert decision.setting == Setting(3, 0.0)  # stages 2-3 hinted at 150: the first that fits
 
 
 def _ramp_then_short(ladder: LadderController, frees: list[int]) -> Setting:
@@ -1002,3 +706,43 @@ def test_a_peers_own_change_is_not_others_growth() -> None:
     ladder.decide(_reading(1800), FLOOR, peer_memory=3800.0)
     assert ladder.state_dict()["growth"] == [400.0, None]
     assert ladder.state_dict()["last_peers"] == 3800.0
+
+
+# -- after a rung left the ladder --------------------------------------------------------------
+
+
+def test_room_for_an_arrival_is_made_a_measured_rung_at_a_time_unless_a_rung_is_known_to_do() -> None:
+    ladder = _rung0()  # 5000 at rung 0; stages keep 300, 200, 100, 50 (hints)
+    assert ladder.make_room(FLOOR, 450.0) == Setting(2, 0.0)  # hinted enough: straight there
+    assert ladder.make_room(FLOOR, 2000.0) == Setting(1, 0.0)  # none is: the next rung, measured
+    ladder.observe(Setting(1, 0.0), 4700)
+    ladder.observe(Setting(3, 0.0), 4400)  # measured before, frees 600
+    assert ladder.make_room(Setting(1, 0.0), 250.0) == Setting(3, 0.0)  # rung 3 is measured to do
+    assert ladder.make_room(Setting(1, 0.0), 2000.0) == Setting(2, 0.0)  # the next one not measured
+    ladder.observe(Setting(2, 0.0), 4450)
+    ladder.observe(Setting(4, 0.0), 4360)
+    assert ladder.make_room(Setting(1, 0.0), 2000.0) == Setting(4, 0.0)  # all measured: the most
+    assert ladder.make_room(Setting(4, 0.0), 2000.0) == Setting(4, 0.0)  # nothing exact left
+    assert ladder.make_room(Setting(1, 0.3), 2000.0) == Setting(1, 0.3)  # never from a compression
+    unmeasured = _rung0()
+    unmeasured.rung_memory = type(unmeasured.rung_memory)(resolution=1.0)
+    assert unmeasured.make_room(FLOOR, 2000.0) == Setting(4, 0.0)  # its own memory unknown: the top
+
+
+# -- after a rung left the ladder --------------------------------------------------------------
+
+
+def test_down_from_a_rung_judged_idle_only_when_what_it_freed_fits() -> None:
+    # seen in cotrain (MiB): rung 2 freed 5.5-6.0 over rung 1 for its stage's 24 (about a
+    # quarter): judged idle; coming down to rung 1 then adds what it freed
+    mib = 2**20
+    ladder = LadderController(rungs=4, min_free=12 * mib, release_free=74 * mib, margin=0.1)
+    ladder.on_stages_measured(
+        [64.0 * mib, 36.0 * mib, 18.0 * mib, 9.0 * mib], [48.0 * mib, 24.0 * mib, 12.0 * mib, 6.0 * mib]
+    )
+    ladder.observe(Setting(1, 0.0), 1078 * mib)
+    assert ladder.observe(Setting(2, 0.0), 1072.5 * mib) is not None and ladder.top == 1
+    spare_5 = MemoryReading(total=3000 * mib, free=int(18.2 * mib), source="scripted")  # 13.2 + 5
+    assert ladder.decide(spare_5, Setting(2, 0.0)) == Decision(2, 0.0, "hold", int(18.2 * mib), 12 * mib)
+    spare_7 = MemoryReading(total=3000 * mib, free=int(20.2 * mib), source="scripted")  # 5.5 fits in 7
+    assert ladder.decide(spare_7, Setting(2, 0.0)).setting == Setting(1, 0.0)
