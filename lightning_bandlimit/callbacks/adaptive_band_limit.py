@@ -14,12 +14,13 @@ from typing_extensions import override
 from lightning_bandlimit.callbacks.band_limit import BandLimit
 from lightning_bandlimit.callbacks.ladder_decisions import (
     Coordinator,
-    agree_across_ranks,
+    StepPeak,
     decision_record,
     describe_change,
     log_decision,
     read_job,
 )
+from lightning_bandlimit.callbacks.ladder_events import LadderEvents
 from lightning_bandlimit.callbacks.ladder_stages import ExactRungs, describe_stages, find_stages
 from lightning_bandlimit.callbacks.out_of_memory import free_memory, guard_fit, unguard_training_step
 from lightning_bandlimit.ladder.controller import LadderController
@@ -29,7 +30,6 @@ from lightning_bandlimit.layers.batchnorm import Forward
 from lightning_bandlimit.layers.surgery import Patterns, normalize_patterns
 from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable, auto_probe
 from lightning_bandlimit.memory.process import release_cached_memory
-from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.utils.validation import check_choice, check_compression, check_int, check_selection
 
 LEVERS = ("checkpoint", "compression")
@@ -48,7 +48,7 @@ class AdaptiveBandLimit(BandLimit):
     Every ``check_every_n_steps`` training steps it reads the free memory of the job's device
     (NVML: the whole device, other processes included; else ``torch.cuda.mem_get_info``; on CPU
     the host's available memory and cgroup limit) and lets a
-    :class:`~lightning_bandlimit.memory.LadderController` choose a point on a ladder of levers,
+    :class:`~lightning_bandlimit.ladder.LadderController` choose a point on a ladder of levers,
     least lossy first:
 
     1. **Activation checkpointing** (``"checkpoint"`` lever; exact gradients): the model's
@@ -129,7 +129,7 @@ class AdaptiveBandLimit(BandLimit):
         include, exclude, pointwise, memory_lean, recalibrate_bn, bn_forward: as
             :class:`BandLimit`'s (``memory_lean`` is on by default: it is what makes a higher
             compression free memory).
-        **controller_kwargs: further :class:`~lightning_bandlimit.memory.LadderController`
+        **controller_kwargs: further :class:`~lightning_bandlimit.ladder.LadderController`
             arguments (``raise_step``, ``lower_step``, ``release_checks``, ``cooldown_checks``,
             ``margin``).
 
@@ -202,9 +202,9 @@ class AdaptiveBandLimit(BandLimit):
         self.probe: MemoryProbe | None = probe if isinstance(probe, MemoryProbe) else None
         self.oom_backstop = oom_backstop
         self.decisions: list[dict[str, Any]] = []
+        self._events = LadderEvents(self.controller)  # the one place the controller is changed
         self._rungs = ExactRungs(None)
-        self._meter: SavedTensorMeter | None = None
-        self._job_peak: int | None = None
+        self._peak = StepPeak()
         self._device: torch.device | None = None
         self._guarded: pl.LightningModule | None = None
         self._last_check = -1
@@ -245,10 +245,10 @@ class AdaptiveBandLimit(BandLimit):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._rungs.stages is None:  # no units (or no checkpoint lever): a saved ladder does not apply
             self._rungs.saved_stages = None
-            self._stages_measured(rungs=0)
+            self._events.stages_measured(rungs=0)
             self.rung = 0
         elif self._rungs.restore(self.controller.top) is False:  # the saved stages name other units
-            self._stages_measured(rungs=0)
+            self._events.stages_measured(rungs=0)
 
     def _is_check_step(self, step: int) -> bool:
         """Whether a check follows optimizer step ``step`` (a batch ends at ``global_step + 1``)."""
@@ -268,10 +268,7 @@ class AdaptiveBandLimit(BandLimit):
         # global_step counts optimizer steps: this batch ends at global_step + 1.
         if self.probe is None or self.probe.measures_own or not self._is_check_step(trainer.global_step + 1):
             return  # a probe that measures the job itself needs no meter on the step
-        if self._device is not None and self._device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self._device)
-        else:
-            self._meter = SavedTensorMeter(exclude=pl_module.parameters()).__enter__()
+        self._peak.start(self._device, exclude=pl_module.parameters())
 
     @override
     def on_before_backward(
@@ -281,11 +278,7 @@ class AdaptiveBandLimit(BandLimit):
 
     def _stop_meters(self) -> None:
         profiling = self._rungs.profiling
-        measured = profiling.close() if profiling is not None else None  # finished after the step
-        self._job_peak = self._job_peak if measured is None else measured
-        if self._meter is not None:
-            self._meter.__exit__(None, None, None)
-            self._job_peak, self._meter = self._meter.bytes, None
+        self._peak.stop(profiling.close() if profiling is not None else None)  # finished after the step
 
     def _finish_profile(self, world_size: int) -> None:
         """The stages the first step measured go to the controller; the job moves to its rung."""
@@ -295,26 +288,27 @@ class AdaptiveBandLimit(BandLimit):
         )
         outcome = self._rungs.finish_profile([None] if also is None else [None, also], world_size)
         if outcome is None:  # no unit is exact: the ladder is the compression alone
-            self._stages_measured(rungs=0)
+            self._events.stages_measured(rungs=0)
             return
-        rung, peak, count = self.rung, self._job_peak, len(outcome.stages)  # a restored rung, if any
-        self._stages_measured(rungs=count, savings=outcome.savings, least=outcome.least)
+        rung, peak, count = self.rung, self._peak.bytes, len(outcome.stages)  # a restored rung, if any
+        self._events.stages_measured(count, outcome.savings, outcome.least)
         if not outcome.checkpointed:
             if rung and peak:  # the profiled step ran on rung 0: what it measured is rung 0's
-                self._measured(Setting(0, self.compression), float(peak))
-                self._job_peak = None
+                self._events.step_measured(Setting(0, self.compression), float(peak))
+                self._peak.bytes = None
             self.rung = min(rung, count)  # the restored rung (a resumed or a second fit)
         else:  # measured with every unit checkpointed (beside peers, or after out of memory): the top rung
             self.rung = count
             if outcome.oom_step is not None:
                 self._record_oom(outcome.oom_step)
-            self._job_peak = None if outcome.failed else self._job_peak  # measured with units off the ladder
+            if outcome.failed:  # measured with units off the ladder
+                self._peak.bytes = None
         stages = self._rungs.stages
         assert stages is not None
         on_top = self.controller.lossy and (
             self.continuum_rung == "top" or (self.continuum_rung == "auto" and stages.keep_spectrum())
         )
-        self.controller.on_continuum_chosen(on_top)
+        self._events.continuum_chosen(on_top)
         describe_stages(outcome.stages, outcome.savings, on_top, sampled=outcome.checkpointed)
 
     @override
@@ -325,9 +319,7 @@ class AdaptiveBandLimit(BandLimit):
         if self._rungs.profiling is not None:
             self._finish_profile(trainer.world_size)
         if self._step_started is not None and self.compression <= self.controller.min_compression:
-            message = self.controller.observe_time(self.rung, time.perf_counter() - self._step_started)
-            if message is not None:
-                rank_zero_info(f"AdaptiveBandLimit: {message}")
+            self._events.step_timed(self.rung, time.perf_counter() - self._step_started)
         self._step_started = None
         if self.compression > 0 and self.controller.continuum_on_top:
             self._rungs.report_fallbacks(self.compression)  # units kept in full at this compression
@@ -347,49 +339,25 @@ class AdaptiveBandLimit(BandLimit):
             return
         reading, peak = read
         if trainer.world_size > 1:
-            reading, peak = self._agree(trainer, reading, peak)
+            reading, peak = self._events.ranks_agreed(trainer.strategy, reading, peak, self._device)
         if peak:
-            self._measured(self.setting, float(peak))
+            self._events.step_measured(self.setting, float(peak))
         peers = None if self.coordinator is None else self.coordinator.peer_memory()
-        decision = self.controller.decide(reading, self.setting, peer_memory=peers)
+        decision = self._events.decide(reading, self.setting, peers)
         if self.coordinator is not None:  # other memory-aware jobs on the device (SharedDevice)
-            coordinated = self.coordinator(self, trainer, decision)
-            if coordinated.outside:
-                self.controller.on_outside_change()
-            decision = coordinated.decision
+            decision = self._events.coordinate(self.coordinator, self, trainer, decision)
         self._apply(trainer, pl_module, decision, peak)
 
     def _read(self) -> tuple[MemoryReading, int | None] | None:
         """:func:`~.ladder_decisions.read_job`; ``None`` (said once) if the probe stopped working."""
         try:
-            return read_job(self.probe, self._device, self._job_peak)  # type: ignore[arg-type]
+            return read_job(self.probe, self._device, self._peak.bytes)  # type: ignore[arg-type]
         except ProbeUnavailable as error:
             rank_zero_warn(
                 f"AdaptiveBandLimit: the memory probe stopped working ({error}); the levers stay as they are"
             )
             self.probe = None
             return None
-
-    def _agree(
-        self, trainer: pl.Trainer, reading: MemoryReading, peak: int | None
-    ) -> tuple[MemoryReading, int | None]:
-        """What every rank decides from (:func:`~.ladder_decisions.agree_across_ranks`); the agreed
-        top rung and continuum go to the controller (the one place they do)."""
-        agreed = agree_across_ranks(trainer.strategy, self.controller, reading, peak, self._device)
-        self.controller.on_ranks_agreed(agreed.top, agreed.continuum_on_top)
-        return agreed.reading, agreed.peak
-
-    def _measured(self, setting: Setting, peak: float) -> None:
-        """The job's peak measured at ``setting`` goes to the controller (the one place it does)."""
-        if (message := self.controller.observe(setting, peak)) is not None:
-            rank_zero_info(f"AdaptiveBandLimit: {message}")
-
-    def _stages_measured(
-        self, rungs: int, savings: list[int] | None = None, least: list[int] | None = None
-    ) -> None:
-        """The stages (their number; what each frees, when known) go to the controller (the one
-        place they do)."""
-        self.controller.on_stages_measured(savings, least, rungs=rungs)  # type: ignore[arg-type]
 
     def _apply(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: Decision, peak: int | None
@@ -422,7 +390,7 @@ class AdaptiveBandLimit(BandLimit):
         before the batch runs again (:func:`~.out_of_memory.guard_training_step`)."""
         profiling = self._rungs.profiling is not None
         self._stop_meters()
-        self._job_peak = None  # the failed attempt's, not the retry's
+        self._peak.bytes = None  # the failed attempt's, not the retry's
         free_memory(self._device)
         previous = self.setting
         if profiling:  # the profile is incomplete: measure the units again, checkpointed
@@ -432,7 +400,7 @@ class AdaptiveBandLimit(BandLimit):
                 "first, which measures the units); retrying the batch once with every unit checkpointed"
             )
             return
-        retry = self.controller.on_oom(previous)
+        retry = self._events.out_of_memory(previous)
         self.compression, self.rung = retry.compression, retry.rung
         rank_zero_warn(
             f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step}; "
@@ -475,4 +443,4 @@ class AdaptiveBandLimit(BandLimit):
             controller["rungs"], state_dict = 0, {**state_dict, "rung": 0, "stages": None}
         self.rung = int(state_dict.get("rung", 0))  # applied once the stages are known
         self._rungs.saved_stages = state_dict.get("stages")
-        self.controller.load_state_dict(controller)
+        self._events.restore(controller)

@@ -1,6 +1,7 @@
 """What :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` decides from and what it keeps.
 
-* What a check reads (:func:`read_job`): free memory and the job's own peak.
+* What a check reads (:func:`read_job`): free memory and the job's own peak (metered on the
+  step by :class:`StepPeak` where the probe does not measure the job).
 * Under DDP the ranks agree on the inputs of a decision (:func:`agree_across_ranks`,
   :class:`Agreed`), so their controllers, fed the same, take the same decision on the same step.
 * Each decision (and each out-of-memory retry) is kept as a record (:func:`decision_record`) in
@@ -19,12 +20,14 @@ from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.reasons import REASON_CODES
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable
+from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.utils.units import MIB
 
 __all__ = [
     "Agreed",
     "Coordinated",
     "Coordinator",
+    "StepPeak",
     "agree_across_ranks",
     "decision_record",
     "describe_change",
@@ -55,6 +58,45 @@ class Coordinator(Protocol):
     def first_step_on_top(self) -> bool:
         """Whether the job's first step, which measures it, runs on the top rung rather than on
         rung 0 (it arrived beside peers)."""
+
+
+class StepPeak:
+    """The job's peak on a check's step where the probe does not measure the job itself: on a
+    GPU ``torch.cuda.max_memory_allocated`` from the step's start (read by :func:`read_job`),
+    else the bytes the step saved for backward, from its start to its backward.
+
+    Attributes:
+        bytes: the last metered peak (also what a profiling step measured); ``None``: none.
+
+    Example:
+        >>> import torch
+        >>> peak = StepPeak()
+        >>> peak.start(torch.device("cpu"), exclude=())
+        >>> x = torch.ones(256, requires_grad=True)
+        >>> y = (x * x).sum()  # saves x for backward (counted once): 1 KiB
+        >>> peak.stop(); peak.bytes
+        1024
+    """
+
+    def __init__(self) -> None:
+        self.bytes: int | None = None
+        self._meter: SavedTensorMeter | None = None
+
+    def start(self, device: torch.device | None, exclude: Any) -> None:
+        """Meter the step starting now (``exclude``: tensors not counted, e.g. the parameters)."""
+        if device is not None and device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        else:
+            self._meter = SavedTensorMeter(exclude=exclude).__enter__()
+
+    def stop(self, profiled: int | None = None) -> None:
+        """Stop metering (before the step's backward, or at its end); ``profiled``: the peak a
+        profiling step measured, taken as the step's."""
+        if profiled is not None:
+            self.bytes = profiled
+        if self._meter is not None:
+            self._meter.__exit__(None, None, None)
+            self.bytes, self._meter = self._meter.bytes, None
 
 
 def held_bytes(probe: MemoryProbe | None, device: torch.device | None) -> int:

@@ -351,7 +351,7 @@ class _TwoRanks:
 
 def _agree(callback: AdaptiveBandLimit, trainer: _TwoRanks, reading: MemoryReading, peak: int | None):
     """What ``callback`` decides from under DDP, as its check computes it."""
-    return callback._agree(trainer, reading, peak)  # type: ignore[arg-type]
+    return callback._events.ranks_agreed(trainer.strategy, reading, peak, callback._device)
 
 
 def _agreeing(top: int = 4) -> AdaptiveBandLimit:
