@@ -14,15 +14,21 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_bandlimit.callbacks.adaptive_band_limit import AdaptiveBandLimit
-from lightning_bandlimit.callbacks.ladder_decisions import held_bytes
+from lightning_bandlimit.callbacks.ladder_decisions import Coordinated, held_bytes
 from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.memory.protocol import ProbeUnavailable
+from lightning_bandlimit.tenants.arrival import Arrival, Event, Phase, advance
 from lightning_bandlimit.tenants.coordination import Coordination, offer
 from lightning_bandlimit.tenants.ledger import Ledger, Tenant, host_device
 from lightning_bandlimit.utils.validation import check_bool, check_real
 
-__all__ = ["SharedDevice"]
+__all__ = ["ARRIVAL_POLL_S", "SharedDevice"]
+
+# seconds between an arriving job's reads of the ledger while it waits for room (a choice, not a
+# measure: the wait ends within 50 ms of the last confirmation, for twenty reads of a few small
+# files a second)
+ARRIVAL_POLL_S = 0.05
 
 
 class SharedDevice(Callback):
@@ -37,7 +43,7 @@ class SharedDevice(Callback):
     cheaper move of another covers the shortfall or when another changed within ``dwell``
     seconds (its effect is not in the readings yet); on release the lossy part first, across
     jobs, one job at a time. A job with no peers behaves exactly as without this callback; a
-    tenant without it is a co-tenant as before. The entries are grouped by device: a GPU's UUID
+    tenant without it counts as a co-tenant. The entries are grouped by device: a GPU's UUID
     (``torch.cuda.get_device_properties``), or the host on CPU.
 
     A job arriving beside coordinating peers announces itself before its first step (which measures
@@ -54,7 +60,8 @@ class SharedDevice(Callback):
     has the most work left: a job that made room keeps it). Under DDP (one entry per rank) a job
     does not announce its arrival, nor make room for one (its ranks move together, on a raise or
     a release): it confirms an arrival at once, as a job with no exact rung left does, so nobody
-    waits for it.
+    waits for it. The job's place in that protocol is one state, :attr:`arrival`
+    (:class:`~lightning_bandlimit.tenants.arrival.Arrival`: its states and events in one table).
 
     What the peers hold is not others' growth to a job's ladder: on a GPU each peer counts at
     NVML's per-process memory (:meth:`~lightning_bandlimit.memory.MemoryProbe.process_memory`: its
@@ -64,7 +71,7 @@ class SharedDevice(Callback):
 
     Each hold is kept in :attr:`holds` (step, the decision held, why) and said once per reason.
     With ``coordinate=False`` the job only publishes its entry (its process id lets CPU jobs
-    measure each other's memory) and decides alone, as today.
+    measure each other's memory) and decides alone.
 
     Args:
         folder: a folder every job of the device can write.
@@ -109,11 +116,7 @@ class SharedDevice(Callback):
         self._changed_at = 0.0
         self._said: str | None = None
         self._peers: list[Tenant] | None = None  # read for this check's decision
-        self._held: int | None = None  # bytes held while arriving (None: not arriving)
-        self._room_for: tuple[str, ...] = ()  # arrivals the last check made or found room for
-        self._making_room = False  # the last check moved to make room for an arrival
-        self._on_top = False  # the first step runs on the top rung (arrived beside peers)
-        self._refit = False  # arrived on its top rung: give back what is not needed, once
+        self.arrival = Arrival()  # the job's state in the arrival protocol
         self._by_process: bool | None = None  # peers measured per process (None: not known yet)
 
     @override
@@ -140,36 +143,29 @@ class SharedDevice(Callback):
         assert self.ledger is not None and self._adaptive is not None
         cb = self._adaptive
         entry = offer(cb.controller, cb.setting if setting is None else setting)
-        arriving = {
-            "arriving": self._held is not None,
-            "held": self._held,
-            "room_for": self._room_for,
-            "making_room": self._making_room,
-        }
         return self.ledger.publish(  # type: ignore[arg-type]
-            **entry, **arriving, coordinates=self.coordinate, changed_at=self._changed_at
+            **entry, **self.arrival.ledger_fields(), coordinates=self.coordinate, changed_at=self._changed_at
         )
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._adaptive is not None and self.ledger is not None:
-            held = held_bytes(self._adaptive.probe, trainer.strategy.root_device)
-            self._on_top = self._refit = self.arrive(trainer, held)
+            self.arrive(trainer, held_bytes(self._adaptive.probe, trainer.strategy.root_device))
 
     def first_step_on_top(self) -> bool:
         """Whether the job's first step runs on its top rung: it arrived beside coordinating peers."""
-        return self._on_top
+        return self.arrival.first_step_on_top
 
-    def arrive(self, trainer: pl.Trainer, held: int) -> bool:
-        """Announce the job (holding ``held`` bytes) to its coordinating peers before its first
+    def arrive(self, trainer: pl.Trainer, held_bytes: int) -> bool:
+        """Announce the job (holding ``held_bytes``) to its coordinating peers before its first
         step, and wait up to ``arrival_timeout`` seconds for each measured peer to confirm room;
         ``True`` (run that step on the top rung) when there are such peers."""
         assert self.ledger is not None
-        if not self.coordinate or trainer.world_size > 1:
+        announces = self.coordinate and trainer.world_size == 1
+        if not announces or not any(p.coordinates for p in self.ledger.peers()):
+            self.arrival = advance(self.arrival, Event.STARTED_UNANNOUNCED)
             return False
-        if not any(p.coordinates for p in self.ledger.peers()):
-            return False
-        self._held = held
+        self.arrival = advance(self.arrival, Event.ANNOUNCED, held_bytes=held_bytes)
         self._publish()
         deadline = time.monotonic() + self.arrival_timeout
         while True:
@@ -189,9 +185,9 @@ class SharedDevice(Callback):
                     "of the job's arrival; it starts anyway, on its top rung"
                 )
                 return True
-            if time.time() - self.ledger.last.heartbeat > self.timeout / 4:  # type: ignore[union-attr]
+            if self.ledger.beat_due():
                 self.ledger.beat()  # still here, still arriving
-            time.sleep(0.05)
+            time.sleep(ARRIVAL_POLL_S)
 
     def peer_memory(self) -> float | None:
         """The live peers' memory (bytes), read at a check before the ladder decides: a peer's
@@ -233,70 +229,105 @@ class SharedDevice(Callback):
         self._by_process = True
         return found
 
-    def __call__(self, adaptive: AdaptiveBandLimit, trainer: pl.Trainer, decision: Decision) -> Decision:
-        """The check's decision after the shared rule (what ``AdaptiveBandLimit`` applies)."""
+    def __call__(self, adaptive: AdaptiveBandLimit, trainer: pl.Trainer, decision: Decision) -> Coordinated:
+        """The check's decision after the shared rule (what ``AdaptiveBandLimit`` applies), and
+        whether it is a change the ladder did not decide (room made for an arrival, a refit)."""
         assert self.ledger is not None
         peers, self._peers = self._peers if self._peers is not None else self.ledger.peers(), None
-        self._held = None  # measured now: arrived
-        me, now = self._publish(), time.time()
-        why = None
+        if self.arrival.phase is Phase.ARRIVING:
+            self.arrival = advance(self.arrival, Event.FIRST_STEP_RAN)  # measured now: arrived
+        me, at = self._publish(), time.time()
+        outside = False
         if self.coordinate:
-            arrivals = trainer.world_size == 1 and any(p.arriving for p in peers) and decision.reason != RAISE
-            if arrivals:
-                coordinated, self._room_for, why = self.rule.arrivals(
-                    decision, adaptive.setting, me, peers, now, adaptive.controller
-                )
-                self._making_room = coordinated.reason == RAISE and coordinated.setting != adaptive.setting
-                if coordinated.setting != adaptive.setting:
-                    adaptive.controller.notify_change()  # a change the ladder did not decide
-            else:
-                # under DDP a job makes no room for arrivals (its ranks move together, on a raise
-                # or a release): nothing of it to wait for, so it confirms at once, as a job with no
-                # exact rung left does (else an arrival would wait its timeout for it, and a peer
-                # leaving it the room would make none)
-                ddp = trainer.world_size > 1
-                self._room_for = tuple(p.job for p in peers if p.arriving) if ddp else ()
-                self._making_room = False
-                coordinated, why = self.rule.decide(decision, adaptive.setting, me, peers, now)
-                if self._refit and trainer.world_size == 1:
-                    coordinated, why = self._give_back(adaptive, coordinated, why, peers, now)
-            if trainer.world_size > 1 and decision.reason in (RAISE, LOWER):
-                # every rank applies the same: a raise if any rank raises, a release if all do
-                held = trainer.strategy.reduce_boolean_decision(why is not None, all=decision.reason == RAISE)
-                coordinated = coordinated if held else decision
-                why = why if held else None
-            if why is not None:
-                said = why
-                if coordinated.setting == adaptive.setting and decision.reason != HOLD:
-                    self.holds.append({"step": trainer.global_step, "held": decision.reason, "why": why})
-                    said = f"{decision.reason} held: {why}"
-                if why != self._said:
-                    rank_zero_info(f"SharedDevice: step {trainer.global_step}: {said}")
-                self._said = why
+            coordinated, why, outside = self._coordinate(adaptive, trainer, decision, me, peers, at)
+            self._say(adaptive, trainer, decision, coordinated, why)
             decision = coordinated
         if decision.setting != adaptive.setting:  # peers see the change (and dwell) at once
-            self._changed_at = now
-        if decision.setting != adaptive.setting or (self._room_for, self._making_room) != (
+            self._changed_at = at
+        room = self.arrival.ledger_fields()
+        if decision.setting != adaptive.setting or (room["room_for"], room["making_room"]) != (
             me.room_for,
             me.making_room,
         ):
-            self._publish(decision.setting)
-        return decision
+            self._publish(decision.setting)  # a change, or the room this check confirmed
+        return Coordinated(decision, outside)
+
+    def _coordinate(
+        self,
+        adaptive: AdaptiveBandLimit,
+        trainer: pl.Trainer,
+        decision: Decision,
+        me: Tenant,
+        peers: list[Tenant],
+        at: float,
+    ) -> tuple[Decision, str | None, bool]:
+        """The decision after the shared rule, why it changed (``None``: not changed), and whether
+        it is a change the ladder did not decide; the check's event goes to :attr:`arrival`."""
+        ddp = trainer.world_size > 1
+        outside = False
+        if not ddp and any(p.arriving for p in peers) and decision.reason != RAISE:
+            coordinated, room_for, why = self.rule.arrivals(
+                decision, adaptive.setting, me, peers, at, adaptive.controller
+            )
+            moved = coordinated.setting != adaptive.setting
+            if coordinated.reason == RAISE and moved:
+                self.arrival = advance(self.arrival, Event.MOVED_FOR_ROOM)
+            else:
+                self._confirm(room_for)
+            return coordinated, why, moved  # a move for an arrival: not the ladder's
+        # under DDP a job makes no room for arrivals (its ranks move together, on a raise or a
+        # release): nothing of it to wait for, so it confirms at once, as a job with no exact rung
+        # left does (else an arrival would wait its timeout for it, and a peer leaving it the room
+        # would make none)
+        self._confirm(tuple(p.job for p in peers if p.arriving) if ddp else ())
+        coordinated, why = self.rule.decide(decision, adaptive.setting, me, peers, at)
+        if self.arrival.refit_pending and not ddp:
+            coordinated, why, outside = self._give_back(adaptive, coordinated, why, peers, at)
+        if ddp and decision.reason in (RAISE, LOWER):
+            # every rank applies the same: a raise if any rank raises, a release if all do
+            hold = trainer.strategy.reduce_boolean_decision(why is not None, all=decision.reason == RAISE)
+            coordinated, why = (coordinated, why) if hold else (decision, None)
+        return coordinated, why, outside
+
+    def _confirm(self, room_for: tuple[str, ...]) -> None:
+        """The check confirmed room for ``room_for`` (none when empty)."""
+        event = Event.ROOM_CONFIRMED if room_for else Event.NO_ROOM_CONFIRMED
+        self.arrival = advance(self.arrival, event, room_for=room_for)
+
+    def _say(
+        self,
+        adaptive: AdaptiveBandLimit,
+        trainer: pl.Trainer,
+        decision: Decision,
+        coordinated: Decision,
+        why: str | None,
+    ) -> None:
+        """Keep a held decision in :attr:`holds` and say why, once per reason."""
+        if why is None:
+            return
+        said = why
+        if coordinated.setting == adaptive.setting and decision.reason != HOLD:
+            self.holds.append({"step": trainer.global_step, "held": decision.reason, "why": why})
+            said = f"{decision.reason} held: {why}"
+        if why != self._said:
+            rank_zero_info(f"SharedDevice: step {trainer.global_step}: {said}")
+        self._said = why
 
     def _give_back(
         self, adaptive: AdaptiveBandLimit, decision: Decision, why: str | None, peers: list[Tenant], at: float
-    ) -> tuple[Decision, str | None]:
+    ) -> tuple[Decision, str | None, bool]:
         """The top rung an arrival started on, refitted by a twin's measure (once; a change the
-        ladder decides itself ends the need)."""
+        ladder decides itself ends the need), and whether it was (a change the ladder did not
+        decide)."""
         if decision.reason != HOLD:
-            self._refit = decision.setting == adaptive.setting
-            return decision, why
+            if decision.setting != adaptive.setting:
+                self.arrival = advance(self.arrival, Event.LADDER_MOVED)
+            return decision, why, False
         refitted, because = self.rule.refit(decision, adaptive.setting, peers, at, adaptive.controller)
         if because is None:
-            return decision, why
-        self._refit = False
-        adaptive.controller.notify_change()  # a change the ladder did not decide
-        return refitted, because
+            return decision, why, False
+        self.arrival = advance(self.arrival, Event.REFITTED)
+        return refitted, because, True
 
     @override
     def on_train_batch_end(
@@ -305,11 +336,11 @@ class SharedDevice(Callback):
         last = self.ledger.last if self.ledger is not None else None
         if last is None or self._adaptive is None:
             return
-        if self._held is not None:  # the first step ran (and no check read it): arrived
-            self._held = None
+        if self.arrival.phase is Phase.ARRIVING:  # the first step ran (and no check read it): arrived
+            self.arrival = advance(self.arrival, Event.FIRST_STEP_RAN)
             self._publish()
             return
-        if last.setting_differs(self._adaptive.setting) or time.time() - last.heartbeat > self.timeout / 4:
+        if last.setting_differs(self._adaptive.setting) or self.ledger.beat_due():  # type: ignore[union-attr]
             self._publish()  # a change no check decided (an out-of-memory retry), or the heartbeat
 
     @override
@@ -322,9 +353,10 @@ class SharedDevice(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule.state_dict(), "refit": self._refit}
+        return {"rule": self.rule.state_dict(), "refit": self.arrival.refit_pending}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.rule.load_state_dict(state_dict.get("rule", {}))
-        self._refit = bool(state_dict.get("refit", False))
+        phase = Phase.ON_TOP if state_dict.get("refit", False) else Phase.SETTLED
+        self.arrival = Arrival(phase, room=self.arrival.room, room_for=self.arrival.room_for)

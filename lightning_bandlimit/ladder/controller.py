@@ -77,6 +77,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lightning_bandlimit.ladder.growth import OthersGrowth
 from lightning_bandlimit.ladder.learned import LadderModel
 from lightning_bandlimit.ladder.memory_model import threshold_bytes
 from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
@@ -161,11 +162,7 @@ class LadderController(LadderModel):
         self._calm = 0
         self._since_change = cooldown_checks
         self._expected: tuple[Setting, float] | None = None  # a change's target and predicted peak
-        self._last: tuple[Setting, float] | None = None  # the last check's setting and free bytes
-        self._last_others: float | None = None  # and others' memory then, when the job's was measured
-        self._growth: list[float | None] = [None, None]  # others' growth over the last two checks
-        self._seen_growth: list[float | None] = [None, None]  # the last two growths seen (gaps skipped)
-        self._last_peers: float | None = None  # peers' memory at the last check
+        self._others = OthersGrowth()
         self._peer_memory: float | None = None  # and as the last check was given it
         self._decided_observations = 0  # observations (LadderModel.observations) at the last check
         self.min_free_bytes: int | None = None  # min_free in bytes at the last reading
@@ -209,14 +206,17 @@ class LadderController(LadderModel):
         self.min_free_bytes, self.release_free_bytes = low, high
         self._since_change += 1
         surprise = self.surprise(current)
-        trend = self._trend(current, reading, peer_memory)
+        # the job's peak measured since the last check, if any (one measurement per decision)
+        fresh = self.observations > self._decided_observations
+        self._decided_observations = self.observations
+        observed = self.last_observation if fresh else None
+        trend = self._others.check(current, reading, observed, peer_memory)
         if reading.free < low:
             self._calm = 0
             shortfall = low - reading.free + surprise + trend
             # others still growing would take the job over budget by the next check if the
             # change freed nothing: no try of a rung or compression whose memory is unknown
-            seen = self._seen_growth
-            ramp = 0.0 if None in seen else max(0.0, min(seen))  # type: ignore[type-var]
+            ramp = self._others.ramp
             sure = ramp > 0 and reading.free < ramp
             target = self._escalate(current, shortfall * (1 + self.margin), sure)
             if target.compression > current.compression and shortfall <= self.peak_noise < reading.free:
@@ -253,44 +253,6 @@ class LadderController(LadderModel):
         """
         low = self.min_free_bytes or 0
         return free - low * (1 + self.margin) - self.peak_noise
-
-    def _trend(self, current: Setting, reading: FreeMemory, peers: float | None) -> float:
-        """Others' growth expected by the next check: the smaller of their last two growths (a
-        sustained ramp goes on), so ``0`` after a single jump (a step: the co-tenant took what it
-        takes). Others' memory is the total less the free bytes and the job's own peak measured
-        at ``current`` since the last decision, so their growth is seen while the job changes
-        its own setting too; without that measurement (or over budget, where a reading says 0
-        free however far over), only over a check the job held its setting. The memory other
-        memory-aware jobs hold (``peers``) is not others': a peer's own change
-        (giving back a rung) is not a ramp to meet (growth is not read across a check where
-        that memory became known or unknown). The smaller of the last two growths seen is kept
-        as ``ramp``."""
-        # the job's peak measured since the last check, if any (one measurement per decision)
-        fresh = self.observations > self._decided_observations
-        self._decided_observations = self.observations
-        observed = self.last_observation if fresh else None
-        # over budget a reading says 0 free however far over: others' memory is not known then
-        measured = observed is not None and observed[0] == current and reading.free > 0
-        others = (
-            float(reading.total - reading.free - observed[1] - (peers or 0.0))  # type: ignore[index]
-            if measured
-            else None
-        )
-        growth = None
-        last_peers = self._last_peers
-        if self._last is not None and (peers is None) == (last_peers is None):  # else not comparable
-            if others is not None and self._last_others is not None:
-                growth = others - self._last_others
-            elif self._last[0] == current:
-                growth = self._last[1] - reading.free - ((peers or 0.0) - (last_peers or 0.0))
-        self._last_peers = peers
-        self._growth = [self._growth[1], growth]
-        if growth is not None:
-            self._seen_growth = [self._seen_growth[1], growth]
-        self._last, self._last_others = (current, float(reading.free)), others
-        if None in self._growth:
-            return 0.0
-        return max(0.0, min(self._growth))  # type: ignore[type-var]
 
     @property
     def _safe_end(self) -> Setting:
@@ -438,8 +400,7 @@ class LadderController(LadderModel):
         self._since_change = 0
         self._calm = 0
         self._expected = None
-        self._last, self._growth, self._seen_growth = None, [None, None], [None, None]
-        self._last_others = self._last_peers = None
+        self._others.reset()
 
     def on_oom(self, current: Setting) -> Setting:
         """An out-of-memory error at ``current``: the setting to retry the step with (the top
@@ -470,11 +431,7 @@ class LadderController(LadderModel):
             "calm": self._calm,
             "since_change": self._since_change,
             "expected": _saved_value(self._expected),
-            "last": _saved_value(self._last),
-            "last_others": self._last_others,
-            "last_peers": self._last_peers,
-            "growth": list(self._growth),
-            "seen_growth": list(self._seen_growth),
+            **self._others.state_dict(),
             "peak_jitter": list(self.peak_jitter),
         }
 
@@ -491,14 +448,8 @@ class LadderController(LadderModel):
         self.oom_floor = float(state.get("oom_floor", self.min_compression))
         self._calm = int(state.get("calm", 0))
         self._since_change = int(state.get("since_change", self.cooldown_checks))
-        self._expected, self._last = (_setting_value(state.get(key)) for key in ("expected", "last"))
-        others, peers = state.get("last_others"), state.get("last_peers")
-        self._last_others = None if others is None else float(others)
-        self._last_peers = None if peers is None else float(peers)
-        growth = state.get("growth") or [None, None]
-        self._growth = [None if g is None else float(g) for g in growth]
-        seen = state.get("seen_growth") or [None, None]
-        self._seen_growth = [None if g is None else float(g) for g in seen]
+        self._expected = _setting_value(state.get("expected"))
+        self._others.load_state_dict(state)
         self.peak_jitter.clear()
         self.peak_jitter.extend(float(j) for j in state.get("peak_jitter", []))
         if saved_rungs != self.rungs:

@@ -19,30 +19,12 @@ waits for an answer from another):
   ``patience`` checks held in a row it moves whatever the others offer (but an exact rung is not
   given back while a peer compresses).
 
-* **Room for an arrival.** A job's memory is unknown until its first step has run; an arriving
-  job announces itself (with the bytes it already holds) and runs that step on its top rung.
-  While a peer arrives, a job gives nothing back, and it makes room for the peer
-  (:meth:`Coordination.arrivals`): as much as the largest memory a job there measured on its top
-  rung (where the newcomer's first step runs), else the largest of each job's least peak on an
-  exact rung (a rung more never needs more memory), less what the newcomer holds already (jobs
-  sharing a device are often runs of one sweep), by exact rungs only (never a compression for
-  memory not measured yet), the cheapest job first by the same rule. Where that estimate is the
-  job's own peak, a rung it climbs lowers the estimate as much as it frees (for each newcomer,
-  down to the others' least): the least rung predicted to make the room so; when no rung is
-  known to make the room, one rung a check, each measured before the next (the newcomer waits,
-  so there is time to learn which rungs free memory, and which free nothing and leave the
-  ladder), and one job at a time: a job holds, confirming nothing, while a peer still makes room
-  (its last check moved for it, or its next exact move is cheaper; two jobs climbing on one
-  snapshot make it twice). A room short by no more than the noise of the job's own peak is room
-  (the estimate is coarser than that). The newcomer starts once each peer's check has found that
-  room (room made by a move is confirmed at the check after a step measured it); room once
-  confirmed is not made again for that newcomer (its first step, in the readings from then on,
-  is what the room was for). The newcomer's top rung was taken before anything of it was
-  measured: at its first check in the hold band it goes down to the fastest rung that a run of
-  its model on the device (a peer whose stages free the same) measured to leave ``min_free``
-  free (:meth:`Coordination.refit`, once); the rungs from one the peer measured idle up need the
-  rung below's memory, by the ladder's own rule, and a peer that never ran the newcomer's rung
-  lends its own peak (the figure the room was sized on).
+* **Room for an arrival**: while a peer arrives (its first step, which measures it, not run
+  yet), a job gives nothing back and makes room for it by exact rungs, one job at a time, the
+  cheapest first (:meth:`Coordination.arrivals`); the newcomer's top rung, taken before anything
+  of it was measured, goes down once to what a run of its model measured to fit
+  (:meth:`Coordination.refit`). The protocol's states, events and the room it makes are in
+  :mod:`lightning_bandlimit.tenants.arrival` (one table).
 * **A rung that frees nothing is not given**: going down from a rung measured idle to the one
   below it is let through at once, arrival or not (the same memory, faster).
 
@@ -53,16 +35,23 @@ without the ledger.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
 from lightning_bandlimit.ladder.setting import Decision, Setting
+from lightning_bandlimit.tenants.arrival import room_needed, room_to_free
 from lightning_bandlimit.tenants.ledger import Tenant
+from lightning_bandlimit.utils.units import GIB, MIB
 from lightning_bandlimit.utils.validation import check_int, check_real
 
-__all__ = ["Coordination", "offer"]
+__all__ = ["TWIN_TOLERANCE", "Coordination", "offer"]
 
-_GIB = float(2**30)
+# ratio: a peer is a twin (a run of the same model) when, stage by stage, the least and the most
+# its stage may free meet this job's within it. A plain step measures one figure and samples a
+# range as wide as the stage's inputs; a torchvision resnet18 measured both ways (a user trial)
+# had ranges that meet, where by the least alone its stage 1 differed by 10.3 %
+TWIN_TOLERANCE = 1.1
 
 
 def offer(controller: LadderController, current: Setting) -> dict[str, object]:
@@ -86,8 +75,8 @@ def offer(controller: LadderController, current: Setting) -> dict[str, object]:
         "next_lossy": None,
         "next_cost": None,
     }
-    now = controller.predict(current)
-    entry["memory"] = None if now is None else int(now)  # its measured peak there
+    peak_now = controller.predict(current)
+    entry["memory"] = None if peak_now is None else int(peak_now)  # its measured peak there
     points = controller.rung_memory.points
     top = _top_memory(controller)
     entry["top_memory"] = None if top is None else int(top)
@@ -98,20 +87,20 @@ def offer(controller: LadderController, current: Setting) -> dict[str, object]:
     if entry["exact_left"]:
         upper = current.rung + 1
         freed = None
-        if now is not None and upper in points:
-            freed = now - points[upper]
+        if peak_now is not None and upper in points:
+            freed = peak_now - points[upper]
         elif controller.stage_savings is not None:
             freed = controller.stage_savings[current.rung]
         slower = controller.slowdown(upper)
         base = controller.slowdown(current.rung) if current.rung else 1.0
         cost = None
         if freed is not None and freed > 0 and slower is not None and base is not None:
-            cost = max(0.0, slower - base) / (freed / _GIB)
+            cost = max(0.0, slower - base) / (freed / GIB)
         entry.update(next_freed=freed, next_lossy=False, next_cost=cost)
     elif controller.lossy and current.compression < controller.max_compression:
         target = controller.clamp(current.compression + controller.raise_step)
         after = controller.predict(Setting(controller.lossy_rung, target))
-        freed = None if now is None or after is None else max(0.0, now - after)
+        freed = None if peak_now is None or after is None else max(0.0, peak_now - after)
         entry.update(next_freed=freed, next_lossy=True)
     return entry
 
@@ -132,47 +121,48 @@ class Coordination:
         >>> me = Tenant("b", 2, 0.0, exact_left=True, next_freed=64.0, next_lossy=False)
         >>> peer = Tenant("a", 1, 0.0, exact_left=True, next_freed=64.0, next_lossy=False)
         >>> squeeze = Decision(1, 0.0, "raise", free=50, threshold=100)  # 50 bytes short
-        >>> rule.decide(squeeze, Setting(0, 0.0), me, [peer], now=1.0)[0].reason  # a's move covers it
+        >>> rule.decide(squeeze, Setting(0, 0.0), me, [peer], at=1.0)[0].reason  # a's move covers it
         'hold'
-        >>> rule.decide(squeeze, Setting(0, 0.0), me, [], now=1.0)[0].reason  # alone
+        >>> rule.decide(squeeze, Setting(0, 0.0), me, [], at=1.0)[0].reason  # alone
         'raise'
     """
 
     def __init__(self, dwell: float = 0.0, patience: int = 3) -> None:
         self.dwell = check_real("dwell", dwell, minimum=0)
         self.patience = check_int("patience", patience, minimum=1)
-        self.held = 0  # checks held in a row under pressure
+        self.held_checks = 0  # checks held in a row under pressure
 
     def decide(
-        self, decision: Decision, current: Setting, me: Tenant, peers: Sequence[Tenant], now: float
+        self, decision: Decision, current: Setting, me: Tenant, peers: Sequence[Tenant], at: float
     ) -> tuple[Decision, str | None]:
-        """``decision`` or a hold at ``current``, and why it was held (``None``: let through)."""
-        why, firm = (None, False) if not peers else self._why_hold(decision, me, peers, now)
+        """``decision`` or a hold at ``current``, and why it was held (``None``: let through);
+        ``at``: the time of the check (the ledger's clock)."""
+        why, firm = (None, False) if not peers else self._why_hold(decision, me, peers, at)
         if why is not None and not firm:
-            self.held += 1
-            if (decision.reason == RAISE and decision.free <= 0) or self.held > self.patience:
+            self.held_checks += 1
+            if (decision.reason == RAISE and decision.free <= 0) or self.held_checks > self.patience:
                 why = None  # never overdraw to be polite, nor wait on a peer for ever
         if why is None:
             if decision.reason != HOLD:
-                self.held = 0
+                self.held_checks = 0
             return decision, None
         return Decision(current.rung, current.compression, HOLD, decision.free, decision.threshold), why
 
     def _why_hold(
-        self, decision: Decision, me: Tenant, peers: Sequence[Tenant], now: float
+        self, decision: Decision, me: Tenant, peers: Sequence[Tenant], at: float
     ) -> tuple[str | None, bool]:
         """Why to hold (``None``: no reason) and whether the hold is firm (patience does not end
         it: an exact rung kept while a peer compresses)."""
         if decision.reason not in (RAISE, LOWER) or _same_memory(decision, me):
             return None, False
-        if (recent := self._recent(peers, now)) is not None:
+        if (recent := self._recent(peers, at)) is not None:
             return recent, False
         if decision.reason == RAISE:
-            return _raise_held(decision, me, peers), False
+            return _why_hold_raise(decision, me, peers), False
         if not me.lossy and any(p.lossy for p in peers):
             lossy = ", ".join(p.job for p in peers if p.lossy)
             return f"{lossy} still compress: lossy levers are given back first, across jobs", True
-        return _release_held(me, peers), False
+        return _why_hold_release(me, peers), False
 
     def arrivals(
         self,
@@ -180,14 +170,15 @@ class Coordination:
         current: Setting,
         me: Tenant,
         peers: Sequence[Tenant],
-        now: float,
+        at: float,
         controller: LadderController,
     ) -> tuple[Decision, tuple[str, ...], str | None]:
         """``decision`` while peers arrive (``Tenant.arriving``), the arrivals this check
         confirms room for (found free, left to a cheaper peer's move, or nothing exact left to
         give; room made by a move is confirmed at the next check, once a step at the new setting
-        measured it), and why it changed (``None``: not changed). A raise of the job's own goes
-        through :meth:`decide` instead (returned unchanged, no room confirmed).
+        measured it), and why it changed (``None``: not changed); ``at``: the time of the check.
+        A raise of the job's own goes through :meth:`decide` instead (returned unchanged, no room
+        confirmed). The protocol's steps: :mod:`lightning_bandlimit.tenants.arrival`.
 
         Example:
             >>> ladder = LadderController(rungs=2, min_free=100)
@@ -204,53 +195,33 @@ class Coordination:
         names = tuple(p.job for p in arriving)
         if not arriving or decision.reason == RAISE:
             return decision, (), None
-        hold = Decision(current.rung, current.compression, HOLD, decision.free, decision.threshold)
-        # nothing given back while a peer arrives (a rung that frees nothing is not giving)
-        kept = hold if decision.reason == LOWER and not _same_memory(decision, me) else decision
-        known = [float(p.memory) for p in peers if p.memory is not None and not p.arriving]
-        known += [*controller.rung_memory.points.values(), *controller.compression_memory.points.values()]
-        tops = [float(p.top_memory) for p in peers if p.top_memory is not None and not p.arriving]
-        mine = _top_memory(controller)
-        tops += [] if mine is None else [mine]
-        if not known:
+        kept = _nothing_given_back(decision, current, me)
+        if (estimate := _first_step_estimate(peers, current, controller)) is None:
             return kept, names, None  # nothing measured here: no estimate to make room for
-        # a rung more never needs more memory: each job's least peak on an exact rung bounds what
-        # its top rung needs, where nobody measured one
-        leasts = [_least_peak(p) for p in peers if not p.arriving and (p.rung_peaks or p.memory is not None)]
-        least = min(controller.rung_memory.points.values(), default=None)
-        own = [] if least is None else [least]
-        if tops:
-            estimate, measured = max(tops), " on its top rung"
-        elif leasts or own:
-            estimate, measured = max(leasts + own), " on its highest rung"
-        else:
-            estimate, measured = max(known), ""
         # room this job confirmed already: that newcomer may be running its first step, its
         # memory is in the readings now (counting it again would make room twice)
         waiting = [p for p in arriving if p.job not in me.room_for]
-        need = sum(max(0.0, estimate - (p.held or 0)) for p in waiting)
+        need = room_needed(estimate.need, [p.held for p in waiting])
         low = decision.threshold if controller.min_free_bytes is None else controller.min_free_bytes
         deficit = need + low - decision.free  # to keep min_free free after the arrival
         who = ", ".join(names)
-        if deficit <= controller.peak_noise:  # short by no more than the measurement's noise: room
+        if deficit <= controller.peak_noise:  # room found: short by no more than the peak's noise
             return kept, names, None if kept is decision else f"{who} arrives: nothing given back"
-        if (recent := self._recent(peers, now)) is not None:  # no room confirmed yet
+        if (recent := self._recent(peers, at)) is not None:  # not in the readings: nothing confirmed
             return kept, (), recent
-        short = Decision(current.rung, current.compression, RAISE, decision.free, int(low + need))
         settled = [p for p in peers if not p.arriving]
-        cheaper = _raise_held(short, me, settled)
-        to_free = deficit
-        if not tops and least is not None and least == estimate and controller.predict(current) == least:
-            # the estimate is this job's own peak here: what a rung frees lowers it too, for every
-            # newcomer waiting, down to the largest of the others' (and of what each holds)
-            floor = max([*leasts, *(float(p.held or 0) for p in waiting)], default=0.0)
-            to_free = max(deficit / (1 + len(waiting)), deficit - len(waiting) * (least - floor))
+        short = Decision(current.rung, current.compression, RAISE, decision.free, int(low + need))
+        cheaper = _why_hold_raise(short, me, settled)
+        floor = max([*estimate.others_least, *(float(p.held or 0) for p in waiting)], default=0.0)
+        own_peak = estimate.need if estimate.own else None
+        to_free = room_to_free(deficit, len(waiting), own_peak, floor)
         target = controller.make_room(current, to_free * (1 + controller.margin))
-        if cheaper is not None or target == current:
+        if cheaper is not None or target == current:  # left to a cheaper move, or nothing exact left
             return kept, names, cheaper or f"{who} arrives: no exact rung left to make room"
         if (first := _making_room_first(me, settled, names)) is not None:
             return kept, (), first  # not confirmed: this job's turn comes when theirs is done
-        why = f"making room for {who}: {deficit / 2**20:.1f} MiB, as much as a job here measured{measured}"
+        why = f"making room for {who}: {deficit / MIB:.1f} MiB, as much as a job here measured"
+        why += estimate.where
         # confirmed at the next check, by a step measured at the new setting
         return Decision(target.rung, target.compression, RAISE, decision.free, decision.threshold), (), why
 
@@ -259,7 +230,7 @@ class Coordination:
         decision: Decision,
         current: Setting,
         peers: Sequence[Tenant],
-        now: float,
+        at: float,
         controller: LadderController,
     ) -> tuple[Decision, str | None]:
         """A hold on an exact rung taken before the job was measured (an arrival's top rung) goes
@@ -267,12 +238,14 @@ class Coordination:
         on both, and its peak's noise; a rung that needs more memory also keeps the margin of the
         hold band, ``release_free - min_free``, as slack) by what a run of the same model
         measured: a peer whose stages free the same (the ranges :attr:`Tenant.stage_least` to
-        ``stage_most`` of each stage meet, within 10 %) and that measured both rungs adds its
-        difference to the job's measured peak (the largest such difference); where no such peer
-        measured the job's rung, the peer's peak on the rung against the job's own (the room for
-        the arrival was sized on that peer's peak: runs of one model need the same). ``decision``
-        unchanged (and ``None``) under pressure or above the hold band, while a peer arrives or
-        changed within ``dwell``, or when no rung is known to fit.
+        ``stage_most`` of each stage meet, within :data:`TWIN_TOLERANCE`) and that measured both
+        rungs adds its difference to the job's measured peak (the largest such difference); where
+        no such peer measured the job's rung, the peer's peak on the rung against the job's own
+        (the room for the arrival was sized on that peer's peak: runs of one model need the
+        same). A rung the peer measured idle, and those above it, count at the memory of the
+        rung below them (the ladder's own rule). ``decision`` unchanged (and ``None``) under
+        pressure or above the hold band, while a peer arrives or changed within ``dwell`` of
+        ``at`` (the time of the check), or when no rung is known to fit.
 
         Example:
             >>> from lightning_bandlimit.memory.probes import MemoryReading
@@ -293,7 +266,7 @@ class Coordination:
             or current.compression > controller.min_compression
             or current.rung not in mine
             or any(p.arriving for p in peers)
-            or self._recent(peers, now) is not None
+            or self._recent(peers, at) is not None
         ):
             return decision, None
         spare = controller.spare(decision.free)
@@ -315,23 +288,66 @@ class Coordination:
                 return Decision(rung, current.compression, LOWER, decision.free, low), why
         return decision, None
 
-    def _recent(self, peers: Sequence[Tenant], now: float) -> str | None:
-        """Why to wait for peers that changed within ``dwell`` seconds (``None``: none did)."""
-        recent = [p.job for p in peers if now - p.changed_at < self.dwell]
+    def _recent(self, peers: Sequence[Tenant], at: float) -> str | None:
+        """Why to wait for peers that changed within ``dwell`` seconds of ``at`` (``None``: none did)."""
+        recent = [p.job for p in peers if at - p.changed_at < self.dwell]
         if not recent:
             return None
         return f"{', '.join(recent)} changed within {self.dwell:g} s: not in the readings yet"
 
     def state_dict(self) -> dict[str, int]:
-        return {"held": self.held}
+        return {"held_checks": self.held_checks}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.held = int(state.get("held", 0))
+        self.held_checks = int(state.get("held_checks", 0))
 
 
 def _top_memory(controller: LadderController) -> float | None:
     """The job's measured peak on its top rung (``None``: not measured there, or no rungs)."""
     return controller.rung_memory.points.get(controller.top) if controller.top else None
+
+
+class _Estimate(NamedTuple):
+    """What an arrival's first step is taken to need (:func:`_first_step_estimate`)."""
+
+    need: float  # bytes, before what the arrival holds
+    where: str  # where a job measured it, for the reason given
+    own: bool  # it is this job's own peak at its setting: what a rung frees lowers it too
+    others_least: list[float]  # the settled peers' least peaks on an exact rung
+
+
+def _first_step_estimate(
+    peers: Sequence[Tenant], current: Setting, controller: LadderController
+) -> _Estimate | None:
+    """What an arrival's first step (on its top rung) is taken to need: the largest peak a job
+    here measured on its top rung; else the largest of each job's least peak on an exact rung (a
+    rung more never needs more memory); else the largest memory measured here. ``None`` when
+    nothing is measured here (no peer's memory, none of this job's)."""
+    settled = [p for p in peers if not p.arriving]
+    known = [float(p.memory) for p in settled if p.memory is not None]
+    known += [*controller.rung_memory.points.values(), *controller.compression_memory.points.values()]
+    if not known:
+        return None
+    tops = [float(p.top_memory) for p in settled if p.top_memory is not None]
+    mine = _top_memory(controller)
+    tops += [] if mine is None else [mine]
+    leasts = [_least_peak(p) for p in settled if p.rung_peaks or p.memory is not None]
+    least = min(controller.rung_memory.points.values(), default=None)  # this job's own
+    if tops:
+        return _Estimate(max(tops), " on its top rung", False, leasts)
+    if leasts or least is not None:
+        need = max(leasts + ([] if least is None else [least]))
+        own = least is not None and least == need and controller.predict(current) == least
+        return _Estimate(need, " on its highest rung", own, leasts)
+    return _Estimate(max(known), "", False, leasts)
+
+
+def _nothing_given_back(decision: Decision, current: Setting, me: Tenant) -> Decision:
+    """``decision``, but a release held while a peer arrives (a rung that frees nothing, down
+    from one measured idle, is not giving: it goes through)."""
+    if decision.reason == LOWER and not _same_memory(decision, me):
+        return Decision(current.rung, current.compression, HOLD, decision.free, decision.threshold)
+    return decision
 
 
 def _least_peak(peer: Tenant) -> float:
@@ -353,13 +369,13 @@ def _twin_peaks(peer: Tenant, rungs: int) -> dict[int, int]:
 
 def _same_stages(peer: Tenant, controller: LadderController) -> bool:
     """Whether a peer's stages free what this job's do: for each stage, the ranges from the
-    least to the most it may free meet (within 10 %). Runs of one model, one measured in a plain
-    step and one on samples, do; another model's stages do not."""
+    least to the most it may free meet (within :data:`TWIN_TOLERANCE`). Runs of one model, one
+    measured in a plain step and one on samples, do; another model's stages do not."""
     least, most = controller.stage_least, controller.stage_savings
     if not least or not most or not (len(peer.stage_least) == len(peer.stage_most) == len(least)):
         return False
     ranges = zip(peer.stage_least, peer.stage_most, least, most)
-    return all(max(a, c) <= 1.1 * min(b, d) for a, b, c, d in ranges)
+    return all(max(a, c) <= TWIN_TOLERANCE * min(b, d) for a, b, c, d in ranges)
 
 
 def _same_memory(decision: Decision, me: Tenant) -> bool:
@@ -383,7 +399,9 @@ def _order(tenant: Tenant) -> tuple[float, float, str]:
     return (tenant.next_cost or 0.0, -(tenant.next_freed or 0.0), tenant.job)
 
 
-def _raise_held(decision: Decision, me: Tenant, peers: Sequence[Tenant]) -> str | None:
+def _why_hold_raise(decision: Decision, me: Tenant, peers: Sequence[Tenant]) -> str | None:
+    """Why to hold a raise (``None``: no reason): a peer has an exact rung left and the move
+    compresses, or cheaper moves of peers cover the shortfall."""
     lossy = decision.compression > me.compression or me.lossy  # my move compresses
     if lossy:
         exact = [p.job for p in peers if p.exact_left]
@@ -399,7 +417,7 @@ def _raise_held(decision: Decision, me: Tenant, peers: Sequence[Tenant]) -> str 
         cheaper.append(peer.job)
         covered = float("inf") if peer.next_freed is None else covered + peer.next_freed
         if covered >= deficit:
-            return f"a cheaper move of {', '.join(cheaper)} covers the {deficit / 2**20:.1f} MiB short"
+            return f"a cheaper move of {', '.join(cheaper)} covers the {deficit / MIB:.1f} MiB short"
     return None
 
 
@@ -424,7 +442,9 @@ def _making_room_first(me: Tenant, peers: Sequence[Tenant], arrivals: Sequence[s
     return f"{', '.join(first)} make room first: one job at a time, each move measured before the next"
 
 
-def _release_held(me: Tenant, peers: Sequence[Tenant]) -> str | None:
+def _why_hold_release(me: Tenant, peers: Sequence[Tenant]) -> str | None:
+    """Why to hold a release (``None``: no reason): a peer gives back first, the most lossy first."""
+
     def order(t: Tenant) -> tuple[bool, float, int, str]:
         return (not t.lossy, -t.compression, -t.rung, t.job)
 

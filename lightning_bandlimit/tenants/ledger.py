@@ -3,9 +3,11 @@
 Each job writes its own entry (:class:`Tenant`) atomically (a temporary file, then
 ``os.replace``), so a reader sees a whole entry or the previous one, never half of one. An entry
 carries a heartbeat (the time of its last write); an entry older than ``timeout`` seconds is a
-job that died without leaving, and is ignored. Unreadable entries (another version's, a disk
-error) are ignored too: the ledger carries intent, and a job it cannot read is a co-tenant as
-any other. Entries are grouped by device (a GPU's UUID; on CPU, the host's name), one folder each.
+job that died without leaving, and is ignored; a live job renews its entry
+:data:`HEARTBEATS_PER_TIMEOUT` times a ``timeout`` (:meth:`Ledger.beat_due`). Unreadable
+entries (another version's, a disk error) are ignored too: the ledger carries intent, and a job
+it cannot read is a co-tenant as any other. Entries are grouped by device (a GPU's UUID; on
+CPU, the host's name), one folder each.
 
 The ledger's clock is ``time.time`` (wall time, comparable across processes on one host).
 """
@@ -26,9 +28,13 @@ from typing import Any
 from lightning_bandlimit.utils.files import atomic_write_json
 from lightning_bandlimit.utils.validation import check_real
 
-__all__ = ["Ledger", "Tenant", "host_device"]
+__all__ = ["HEARTBEATS_PER_TIMEOUT", "Ledger", "Tenant", "host_device"]
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+# renewals of a live entry per ``timeout`` (a count; a choice, not a measure): an entry renewed
+# every ``timeout / 4`` seconds stays live through three late renewals (a long step, a slow disk)
+HEARTBEATS_PER_TIMEOUT = 4
 
 
 @dataclass(frozen=True)
@@ -59,10 +65,13 @@ class Tenant:
             below (``None``: none): it and the rungs above need that rung's memory.
         coordinates: whether it applies the shared rule (a job that only publishes does not).
         arriving: whether it is about to run its first step (its memory not measured yet).
-        held: bytes it holds while arriving, before its first step.
+        held: bytes it holds while arriving, before its first step (``None``: not arriving).
         room_for: the arriving jobs its last check made room for (or found room for).
         making_room: whether its last check moved to make room for an arrival (the move not
             measured yet: others leave the room to it until its next check).
+
+    ``arriving``, ``held``, ``room_for`` and ``making_room`` carry the job's state in the
+    arrival protocol (:class:`~lightning_bandlimit.tenants.arrival.Arrival`).
     """
 
     job: str
@@ -170,6 +179,13 @@ class Ledger:
         self.last = tenant
         return tenant
 
+    def beat_due(self) -> bool:
+        """Whether the entry last published is older than ``timeout / HEARTBEATS_PER_TIMEOUT``
+        seconds (``False`` before the first)."""
+        if self.last is None:
+            return False
+        return self.clock() - self.last.heartbeat > self.timeout / HEARTBEATS_PER_TIMEOUT
+
     def beat(self) -> None:
         """Renew the heartbeat of the last entry published (nothing before the first)."""
         if self.last is not None:
@@ -179,7 +195,7 @@ class Ledger:
     def peers(self) -> list[Tenant]:
         """The live peers' entries, by job name: every entry but this job's, heard from within
         ``timeout`` seconds and readable."""
-        now = self.clock()
+        at = self.clock()
         found = []
         for path in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
             if path == self.path:
@@ -188,7 +204,7 @@ class Ledger:
                 tenant = Tenant.from_dict(json.loads(path.read_text()))
             except (OSError, ValueError, TypeError):
                 continue  # gone, half of another version's, or not ours: not a tenant we can read
-            if now - tenant.heartbeat <= self.timeout:
+            if at - tenant.heartbeat <= self.timeout:
                 found.append(tenant)
         return found
 

@@ -347,10 +347,10 @@ def test_a_ddp_job_makes_no_room_for_an_arrival_and_so_confirms_it_at_once(tmp_p
     adaptive.controller.on_stages_measured([5.0 * M, 5.0 * M])  # two exact rungs
     adaptive.controller.observe(Setting(0, 0.0), 10 * M)
     alone = SimpleNamespace(world_size=1, global_step=5, strategy=strategy)  # one process: makes room
-    made = shared(adaptive, alone, hold)  # type: ignore[arg-type]
+    made = shared(adaptive, alone, hold).decision  # type: ignore[arg-type]
     assert made.rung > 0 and shared.ledger.last.room_for == ()  # type: ignore[union-attr]
     ddp = SimpleNamespace(world_size=2, global_step=6, strategy=strategy)
-    assert shared(adaptive, ddp, hold) == hold  # type: ignore[arg-type]
+    assert shared(adaptive, ddp, hold).decision == hold  # type: ignore[arg-type]
     assert shared.ledger.last.room_for == ("a-peer",)  # type: ignore[union-attr]
 
 

@@ -122,11 +122,11 @@ def test_the_cheapest_move_first_then_the_job_name() -> None:
     me = _tenant("b", **EXACT_OFFER, next_cost=0.1)
     cheaper = _tenant("c", **EXACT_OFFER, next_cost=0.05)
     dearer = _tenant("a", **EXACT_OFFER, next_cost=0.2)
-    assert rule.decide(RAISE, FLOOR, me, [dearer], now=0)[0] == RAISE
-    held, why = rule.decide(RAISE, FLOOR, me, [cheaper], now=0)
+    assert rule.decide(RAISE, FLOOR, me, [dearer], at=0)[0] == RAISE
+    held, why = rule.decide(RAISE, FLOOR, me, [cheaper], at=0)
     assert held.reason == "hold" and "c" in why
     small = _tenant("c", **{**EXACT_OFFER, "next_freed": 50.0}, next_cost=0.05)  # does not cover 100
-    assert rule.decide(RAISE, FLOOR, me, [small], now=0)[0] == RAISE
+    assert rule.decide(RAISE, FLOOR, me, [small], at=0)[0] == RAISE
 
 
 def test_among_moves_not_measured_yet_the_one_freeing_most_goes_first() -> None:
@@ -135,11 +135,11 @@ def test_among_moves_not_measured_yet_the_one_freeing_most_goes_first() -> None:
     a = _tenant("a", **{**EXACT_OFFER, "next_freed": 12.0})
     b = _tenant("b", **{**EXACT_OFFER, "next_freed": 48.0})
     short = Decision(1, 0.0, "raise", free=190, threshold=200)  # 10 short: either covers it
-    held, why = rule.decide(short, FLOOR, a, [b], now=0)
+    held, why = rule.decide(short, FLOOR, a, [b], at=0)
     assert held.reason == "hold" and "b" in why  # not the name's order
-    assert rule.decide(short, FLOOR, b, [a], now=0)[0] == short
+    assert rule.decide(short, FLOOR, b, [a], at=0)[0] == short
     measured = _tenant("b", **{**EXACT_OFFER, "next_freed": 48.0}, next_cost=0.5)
-    assert rule.decide(short, FLOOR, a, [measured], now=0)[0] == short  # a measured cost comes after
+    assert rule.decide(short, FLOOR, a, [measured], at=0)[0] == short  # a measured cost comes after
 
 
 def test_a_lossy_move_waits_for_any_exact_rung_left_but_not_when_nothing_is_free() -> None:
@@ -147,24 +147,24 @@ def test_a_lossy_move_waits_for_any_exact_rung_left_but_not_when_nothing_is_free
     me = _tenant("a", rung=2, next_lossy=True, next_freed=400.0)
     compress = Decision(2, 0.2, "raise", free=100, threshold=200)
     peer = _tenant("b", exact_left=True, next_lossy=False, next_freed=None)
-    held, why = rule.decide(compress, Setting(2, 0.0), me, [peer], now=0)
+    held, why = rule.decide(compress, Setting(2, 0.0), me, [peer], at=0)
     assert held.setting == Setting(2, 0.0) and "exact" in why
     overdrawn = Decision(2, 0.2, "raise", free=0, threshold=200)
-    assert rule.decide(overdrawn, Setting(2, 0.0), me, [peer], now=0)[0] == overdrawn
+    assert rule.decide(overdrawn, Setting(2, 0.0), me, [peer], at=0)[0] == overdrawn
 
 
 def test_patience_ends_a_hold_under_pressure() -> None:
     rule = Coordination(patience=2)
     me, peer = _tenant("b", **EXACT_OFFER), _tenant("a", **EXACT_OFFER)
-    reasons = [rule.decide(RAISE, FLOOR, me, [peer], now=0)[0].reason for _ in range(3)]
+    reasons = [rule.decide(RAISE, FLOOR, me, [peer], at=0)[0].reason for _ in range(3)]
     assert reasons == ["hold", "hold", "raise"]
 
 
 def test_a_peers_recent_change_is_waited_for() -> None:
     rule = Coordination(dwell=10.0)
     me, peer = _tenant("a", **EXACT_OFFER), _tenant("b", changed_at=95.0)
-    assert rule.decide(RAISE, FLOOR, me, [peer], now=100.0)[0].reason == "hold"
-    assert rule.decide(RAISE, FLOOR, me, [peer], now=106.0)[0] == RAISE
+    assert rule.decide(RAISE, FLOOR, me, [peer], at=100.0)[0].reason == "hold"
+    assert rule.decide(RAISE, FLOOR, me, [peer], at=106.0)[0] == RAISE
 
 
 def test_release_gives_back_lossy_levers_first_across_jobs_and_firmly() -> None:
@@ -173,15 +173,15 @@ def test_release_gives_back_lossy_levers_first_across_jobs_and_firmly() -> None:
     me = _tenant("a", rung=2)
     compressing = _tenant("b", rung=0, compression=0.3, lossy=True)
     for _ in range(3):  # patience does not end it: an exact rung is kept while a peer compresses
-        held, why = rule.decide(release, Setting(2, 0.0), me, [compressing], now=0)
+        held, why = rule.decide(release, Setting(2, 0.0), me, [compressing], at=0)
         assert held.reason == "hold" and "compress" in why
-    assert rule.decide(release, Setting(2, 0.0), me, [_tenant("b", rung=1)], now=0)[0] == release
+    assert rule.decide(release, Setting(2, 0.0), me, [_tenant("b", rung=1)], at=0)[0] == release
 
 
 def test_holds_and_out_of_memory_pass_through() -> None:
     rule = Coordination()
     hold = Decision(0, 0.0, "hold", free=500, threshold=200)
-    assert rule.decide(hold, FLOOR, _tenant("b"), [_tenant("a", **EXACT_OFFER)], now=0) == (hold, None)
+    assert rule.decide(hold, FLOOR, _tenant("b"), [_tenant("a", **EXACT_OFFER)], at=0) == (hold, None)
 
 
 def test_offer_names_the_next_move_and_what_it_frees() -> None:
