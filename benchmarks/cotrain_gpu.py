@@ -56,7 +56,7 @@ def _job(spec_path: Path) -> None:
     from lightning_bandlimit.data import SyntheticImageDataModule
     from lightning_bandlimit.memory import HostMemoryProbe, NVMLProbe
     from lightning_bandlimit.models import ImageClassifier
-    from lightning_bandlimit.recompute.stages import is_checkpointed
+    from lightning_bandlimit.recompute.switch import is_checkpointed
 
     spec = json.loads(spec_path.read_text())
     out = spec_path.parent

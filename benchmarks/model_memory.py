@@ -125,7 +125,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     from lightning_bandlimit.callbacks import BandLimit
     from lightning_bandlimit.models import ImageClassifier
     from lightning_bandlimit.models.backbones import build_backbone
-    from lightning_bandlimit.recompute.stages import checkpoint, checkpoint_units
+    from lightning_bandlimit.recompute.stages import checkpoint_units
+    from lightning_bandlimit.recompute.switch import checkpoint
 
     torch.manual_seed(0)
     torch.set_num_threads(spec["threads"])

@@ -102,7 +102,8 @@ def _bare(
 ) -> dict[Any, dict[str, Any]]:
     from lightning_bandlimit import bandlimit
     from lightning_bandlimit.models.backbones import build_backbone
-    from lightning_bandlimit.recompute.stages import checkpoint, checkpoint_units
+    from lightning_bandlimit.recompute.stages import checkpoint_units
+    from lightning_bandlimit.recompute.switch import checkpoint
 
     device, clock = torch.device(args.device), _Clock(torch.device(args.device))
     x = torch.rand(cfg["batch"], 3, cfg["size"], cfg["size"], device=device)

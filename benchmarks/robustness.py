@@ -6,7 +6,7 @@ Side by side in one run, on the same model, data and attacks (FGSM and PGD-10, e
 1. **Bare loop**: what a user would write: clean accuracy, then for every attack and eps
    ``adv = attack(x, y)`` and the accuracy on ``adv``, batch by batch. Seeded exactly like the
    recipe, so both compute the same accuracies (checked).
-2. **Recipe**: :func:`~lightning_bandlimit.recipes.robustness.evaluate_robustness` with the heat
+2. **Recipe**: :func:`~lightning_bandlimit.recipes.evaluate_robustness` with the heat
    map off: validation, the same attacks, per-sample bookkeeping and norms, torchmetrics, the
    model-level sanity checks (input gradients, large-budget PGD), ``results.json`` /
    ``results.csv`` rewritten after every record, the plot and ``summary.md``.
@@ -37,9 +37,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.models import ImageClassifier
-from lightning_bandlimit.recipes.attack_suite import AttackSpec, derive_seed
+from lightning_bandlimit.recipes.evaluation.evaluate import evaluate_robustness
 from lightning_bandlimit.recipes.evaluation.fourier_heatmap import fourier_heat_map
-from lightning_bandlimit.recipes.robustness import evaluate_robustness
+from lightning_bandlimit.recipes.threats import AttackSpec, derive_seed
 from lightning_bandlimit.utils.files import atomic_write_json
 from lightning_bandlimit.utils.versions import library_versions
 

@@ -21,12 +21,12 @@ PACKAGE = "lightning_bandlimit"
 # Rooms, lowest first: a module may import its own room and the rooms below it only.
 LAYERS: list[tuple[str, ...]] = [
     ("utils",),
+    ("memory", "data"),  # memory probes and datasets: they need only utils
     ("functional",),
     ("layers",),  # band-limited and lean layers, surgery, BatchNorm re-estimation
     ("recompute",),  # units, switching, spectral recompute, stages, the saved-tensor meter
     ("ladder",),  # the decision policy, torch-free
     ("tenants",),  # a device's tenants: the ledger and the rule they share, torch-free
-    ("memory", "data"),  # probes (memory re-exports the ladder's names for earlier releases)
     ("strategies", "callbacks"),
     ("models",),  # the example LightningModule may use the strategies' schedules
     ("recipes",),
@@ -199,10 +199,130 @@ def test_no_private_name_is_imported_from_another_module() -> None:
     )
 
 
+def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    """A module's top-level statements, those under top-level ``if`` / ``try`` included."""
+    found: list[ast.stmt] = []
+    for node in body:
+        found.append(node)
+        if isinstance(node, ast.If):
+            found += _top_level(node.body) + _top_level(node.orelse)
+        elif isinstance(node, ast.Try):
+            handlers = [stmt for handler in node.handlers for stmt in handler.body]
+            found += _top_level(node.body + handlers + node.orelse + node.finalbody)
+    return found
+
+
+def _all_entries(body: list[ast.stmt]) -> list[str]:
+    """The names a module's ``__all__`` lists (its assignment, and any ``+=``)."""
+    names: list[str] = []
+    for node in _top_level(body):
+        if isinstance(node, ast.Assign):
+            target = node.targets[0]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            target = node.target
+        else:
+            continue
+        if (
+            isinstance(target, ast.Name)
+            and target.id == "__all__"
+            and isinstance(node.value, (ast.List, ast.Tuple))
+        ):
+            names += [element.value for element in node.value.elts if isinstance(element, ast.Constant)]
+    return names
+
+
+def _reexports(name: str, source: str, package: bool = False) -> list[str]:
+    """What module ``name`` passes on from elsewhere (``source``: its text).
+
+    A room's ``__init__`` (``package``; the package's own excepted: it is the public API) may
+    import from its own room only: each other room's module of ``lightning_bandlimit`` it imports
+    is listed. Any other module may not name in its ``__all__`` what it imported: each name bound
+    by a top-level ``from ... import`` that ``__all__`` lists is, as ``<its module>.<name>``.
+    """
+    tree = ast.parse(source)
+
+    def origin(node: ast.ImportFrom) -> str:
+        if not node.level:
+            return node.module or ""
+        base = name.split(".") if package else name.split(".")[:-1]
+        base = base[: len(base) - node.level + 1]
+        return ".".join(base + ([node.module] if node.module else []))
+
+    if package:
+        if name == PACKAGE:
+            return []
+        found = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                targets = [origin(node)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            found += [
+                t
+                for t in targets
+                if (t == PACKAGE or t.startswith(PACKAGE + "."))
+                and t != name
+                and not t.startswith(name + ".")
+            ]
+        return found
+    imported = {
+        alias.asname or alias.name: f"{origin(node)}.{alias.name}"
+        for node in _top_level(tree.body)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    return [imported[entry] for entry in _all_entries(tree.body) if entry in imported]
+
+
+def test_reexport_finder() -> None:
+    module = (
+        "from lightning_bandlimit.utils.units import MIB\n"
+        "from .protocol import MemoryReading as Reading, ProbeUnavailable\n"
+        "try:\n    from numpy import ndarray\nexcept ImportError:\n    ndarray = None\n"
+        "def f():\n    from lightning_bandlimit.ladder import Setting\n"
+        "own = 1\n"
+        "__all__ = ['MIB', 'Reading', 'own']\n"
+        "__all__ += ['ndarray']\n"
+    )
+    assert _reexports("lightning_bandlimit.memory.host", module) == [
+        "lightning_bandlimit.utils.units.MIB",
+        "lightning_bandlimit.memory.protocol.MemoryReading",
+        "numpy.ndarray",
+    ]
+    init = (
+        "from lightning_bandlimit.memory.probes import auto_probe\n"
+        "from . import scripted\n"
+        "from lightning_bandlimit.ladder import Setting\n"
+        "from ..utils import units\n"
+        "import lightning_bandlimit.data\n"
+    )
+    assert _reexports("lightning_bandlimit.memory", init, package=True) == [
+        "lightning_bandlimit.ladder",
+        "lightning_bandlimit.utils",
+        "lightning_bandlimit.data",
+    ]
+    assert _reexports(PACKAGE, init, package=True) == []  # the public API gathers every room's names
+
+
+def test_no_module_reexports_another_modules_names() -> None:
+    """A name's homes are the module that defines it and its room's ``__init__``: no other module
+    lists another's names in its ``__all__``, and no room's ``__init__`` imports another room."""
+    found = {
+        name: names
+        for name, path in _modules().items()
+        if (names := _reexports(name, path.read_text(), package=path.name == "__init__.py"))
+    }
+    assert not found, "re-exports: " + "; ".join(
+        f"{name}: {', '.join(names)}" for name, names in sorted(found.items())
+    )
+
+
 # The robustness recipe's rooms, lowest first: the threats (attacks and bands), the results (records,
 # report, study), the evaluation engine, then the command line's front.
 RECIPE_ROOMS: list[tuple[str, ...]] = [
-    ("threats", "attack_suite"),
+    ("threats",),
     ("results",),
     ("evaluation",),
     ("robustness",),
@@ -253,15 +373,3 @@ def test_the_ladder_and_tenants_rooms_need_no_torch() -> None:
             assert not third_party & {"torch", "lightning", "numpy"}, f"{name} imports {third_party}"
             inner = {t.split(".")[1] for t in _graph()[name]}
             assert inner <= {"ladder", "tenants", "utils"}, f"{name} imports {inner}"
-
-
-@pytest.mark.parametrize("old", sorted(lightning_bandlimit.MOVED_MODULES))
-def test_earlier_import_paths_give_the_moved_module(old: str) -> None:
-    import importlib
-    import sys
-
-    new = importlib.import_module(lightning_bandlimit.MOVED_MODULES[old])
-    sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new.__name__}"):
-        module = importlib.import_module(old)
-    assert module is new

@@ -28,8 +28,9 @@ from lightning_bandlimit.ladder.reasons import OOM
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.layers.batchnorm import Forward
 from lightning_bandlimit.layers.surgery import Patterns, normalize_patterns
-from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable, auto_probe
+from lightning_bandlimit.memory.probes import auto_probe
 from lightning_bandlimit.memory.process import release_cached_memory
+from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable
 from lightning_bandlimit.utils.validation import check_choice, check_compression, check_int, check_selection
 
 LEVERS = ("checkpoint", "compression")

@@ -19,7 +19,7 @@ import torch
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.reasons import REASON_CODES
 from lightning_bandlimit.ladder.setting import Decision, Setting
-from lightning_bandlimit.memory.probes import MemoryProbe, MemoryReading, ProbeUnavailable
+from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable
 from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.utils.units import MIB
 

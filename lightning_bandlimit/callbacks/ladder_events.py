@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning_bandlimit.callbacks.ladder_decisions import Coordinator, agree_across_ranks
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.setting import Decision, Setting
-from lightning_bandlimit.memory.probes import MemoryReading
+from lightning_bandlimit.memory.protocol import MemoryReading
 
 __all__ = ["LadderEvents"]
 
@@ -28,7 +28,7 @@ class LadderEvents:
         controller: the controller it feeds (the callback keeps it to read).
 
     Example:
-        >>> from lightning_bandlimit.memory.probes import MemoryReading
+        >>> from lightning_bandlimit.memory.protocol import MemoryReading
         >>> events = LadderEvents(LadderController(rungs=2, min_free=100))
         >>> events.stages_measured(2, [300, 100])
         >>> events.step_measured(Setting(0, 0.0), 1000.0)

@@ -15,7 +15,8 @@ from lightning_bandlimit.callbacks.band_limit import BandLimit
 from lightning_bandlimit.memory.budget import SharedBudgetProbe
 from lightning_bandlimit.memory.cotenant import CoTenant, RampTrace
 from lightning_bandlimit.memory.process import peak_resident_bytes, reset_peak_resident, resident_bytes
-from lightning_bandlimit.recompute.stages import is_checkpointed
+from lightning_bandlimit.recompute.switch import is_checkpointed
+from lightning_bandlimit.utils.units import MIB
 from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["SharedBudget", "over_budget_steps"]
@@ -65,8 +66,9 @@ class SharedBudget(Callback):
 
     Example:
         >>> from lightning_bandlimit.memory import RampTrace
-        >>> shared = SharedBudget(budget=2 * 2**30, trace=RampTrace(low=0, high=256 * 2**20))
-        >>> shared.probe.read().total == 2 * 2**30
+        >>> from lightning_bandlimit.utils.units import GIB
+        >>> shared = SharedBudget(budget=2 * GIB, trace=RampTrace(low=0, high=256 * MIB))
+        >>> shared.probe.read().total == 2 * GIB
         True
     """
 
@@ -74,7 +76,7 @@ class SharedBudget(Callback):
         self,
         budget: int | None,
         trace: RampTrace,
-        chunk_bytes: int = 2**20,
+        chunk_bytes: int = MIB,
         peers: Callable[[], int] | None = None,
     ) -> None:
         super().__init__()

@@ -1,11 +1,12 @@
 """CIFAR-10 for Lightning: :class:`CIFAR10DataModule` over a local copy of the python batches.
 
-Never downloads. The files are found and read by :mod:`lightning_bandlimit.data.cifar10_batches`
-(whose names this module re-exports); images become float32 in ``[0, 1]`` and the training
+Never downloads. The files are found and read by :mod:`lightning_bandlimit.data.cifar10_batches`;
+images become float32 in ``[0, 1]`` and the training
 images are augmented with :mod:`torchvision.transforms.v2` (:func:`cifar10_transform`).
 
 Example:
     >>> import tempfile
+    >>> from lightning_bandlimit.data.cifar10_batches import write_fake_cifar10
     >>> with tempfile.TemporaryDirectory() as tmp:
     ...     root = write_fake_cifar10(tmp, n_train_per_batch=4, n_test=6)
     ...     dm = CIFAR10DataModule(tmp, batch_size=4, val_size=5)
@@ -32,31 +33,15 @@ from torchvision.transforms import v2
 
 from lightning_bandlimit.data.cifar10_batches import (
     CIFAR10_CLASSES,
-    CIFAR10_FOLDER,
-    CIFAR10_META_FILE,
     CIFAR10_TEST_FILE,
     CIFAR10_TRAIN_FILES,
     load_cifar10_batches,
     load_cifar10_classes,
     resolve_cifar10_dir,
-    write_fake_cifar10,
 )
 from lightning_bandlimit.utils.validation import check_choice, check_int
 
-__all__ = [
-    "CIFAR10_CLASSES",
-    "CIFAR10_FOLDER",
-    "CIFAR10_META_FILE",
-    "CIFAR10_TEST_FILE",
-    "CIFAR10_TRAIN_FILES",
-    "CIFAR10DataModule",
-    "CIFAR10Split",
-    "cifar10_transform",
-    "load_cifar10_batches",
-    "load_cifar10_classes",
-    "resolve_cifar10_dir",
-    "write_fake_cifar10",
-]
+__all__ = ["CIFAR10DataModule", "CIFAR10Split", "cifar10_transform"]
 
 _STAGES = (None, "fit", "validate", "test", "predict")
 
@@ -156,6 +141,7 @@ class CIFAR10DataModule(pl.LightningDataModule):
 
     Example:
         >>> import tempfile
+        >>> from lightning_bandlimit.data.cifar10_batches import write_fake_cifar10
         >>> with tempfile.TemporaryDirectory() as tmp:
         ...     folder = write_fake_cifar10(tmp, n_train_per_batch=4, n_test=6)
         ...     dm = CIFAR10DataModule(folder, batch_size=3, val_size=2, augment=False)

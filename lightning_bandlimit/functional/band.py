@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from lightning_bandlimit.utils.validation import check_compression
 
-__all__ = ["SpectralBand", "check_compression", "quantised_band", "spectral_band"]
+__all__ = ["SpectralBand", "quantised_band", "spectral_band"]
 
 
 @dataclass(frozen=True)

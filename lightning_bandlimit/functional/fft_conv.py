@@ -37,23 +37,10 @@ from lightning_bandlimit.functional.spectral_kernel import (
     compute_dtypes,
     itemsize,
 )
-from lightning_bandlimit.functional.spectrum_split import (
-    SPECTRUM_PER_SAMPLE,
-    input_plan,
-    outgrows_input,
-    spectrum_bytes,
-)
+from lightning_bandlimit.functional.spectrum_split import input_plan, spectrum_bytes
 from lightning_bandlimit.utils.validation import check_compression
 
-__all__ = [
-    "SPECTRUM_PER_SAMPLE",
-    "auto_algorithm",
-    "band_limited_conv",
-    "fft_conv1d",
-    "fft_conv2d",
-    "native_band",
-    "outgrows_input",
-]
+__all__ = ["auto_algorithm", "band_limited_conv", "fft_conv1d", "fft_conv2d", "native_band"]
 
 # A memory-lean layer whose kept input is at most this fraction of its output hands the output on
 # as "recompute me from my input" (a stem): the recompute costs a narrow convolution.

@@ -53,9 +53,8 @@ __all__ = [
 # ``algorithm="auto"`` keeps the full band (the convolution itself) where the kept spectrum would
 # hold more than this many numbers per input sample: a small grid at a small compression, where
 # the padded grid's band keeps nearly every coefficient. Band-limiting there costs transforms
-# and backward working memory and drops almost nothing: measured on the quickstart model
-# (batch 256), its 8x8 and 4x4 stages band-limited at compression 0.2 raised the step's peak by
-# 4 MiB and saved no byte for backward (``benchmarks/ladder_memory.py``).
+# and backward working memory and drops almost nothing (the README's "What the compression
+# means" gives the measured cost; ``benchmarks/ladder_memory.py`` measures it).
 SPECTRUM_PER_SAMPLE = 1.1
 
 

@@ -33,26 +33,9 @@ from lightning_bandlimit.utils.command_line import (
     exit_with_error,
     one_line_error,
 )
-from lightning_bandlimit.utils.recipe_files import (
-    RECIPES_DIR,
-    RecipeConfigFile,
-    recipe_path,
-    recipes,
-    resolve_config_args,
-)
+from lightning_bandlimit.utils.recipe_files import RecipeConfigFile, recipes
 
-__all__ = [
-    "RECIPES_DIR",
-    "BandLimitCLI",
-    "CommandLineError",
-    "debugging",
-    "exit_with_error",
-    "main",
-    "one_line_error",
-    "recipe_path",
-    "recipes",
-    "resolve_config_args",
-]
+__all__ = ["BandLimitCLI", "main"]
 
 PROG = "lightning-bandlimit"
 

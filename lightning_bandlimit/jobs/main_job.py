@@ -14,8 +14,8 @@
    co-tenant grows, raises the compression only beyond them, and gives everything back when
    the co-tenant leaves;
 4. the **band-limited** job: the compression-only ``AdaptiveBandLimit`` (``levers:
-   [compression]``) whose floor is the recipe's compression (the earlier releases' memory-aware
-   job, and the band-limited model the robustness report compares);
+   [compression]``) whose floor is the recipe's compression (the band-limited model the
+   robustness report compares);
 
 then prints the side-by-side table and a verdict computed from its rows, writes the timeline
 plot, and evaluates the full-spectrum and band-limited checkpoints under attack with the
@@ -47,7 +47,7 @@ from pathlib import Path
 import lightning
 import torch
 
-from lightning_bandlimit.jobs.cli import BandLimitCLI, recipe_path
+from lightning_bandlimit.jobs.cli import BandLimitCLI
 from lightning_bandlimit.jobs.multitenant import (
     HOST_ALLOCATOR_ENV,
     JobResult,
@@ -67,11 +67,12 @@ from lightning_bandlimit.utils.command_line import (
 )
 from lightning_bandlimit.utils.files import atomic_write_json
 from lightning_bandlimit.utils.main_run import SUMMARY_NAME
+from lightning_bandlimit.utils.recipe_files import recipe_path
+from lightning_bandlimit.utils.units import MIB
 from lightning_bandlimit.utils.validation import check_real
 
 __all__ = ["main"]
 
-MIB = 2**20
 # The main job's training budget on 2 CPU cores (the recipe's own: 6 epochs of 10240 images in
 # batches of 128). Batches of 256 double the memory a step takes, against the same process base.
 DEFAULT_OVERRIDES = ["--trainer.max_epochs", "3", "--data.train_size", "8192", "--data.batch_size", "256"]

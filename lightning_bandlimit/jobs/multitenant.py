@@ -38,6 +38,7 @@ from lightning_bandlimit.callbacks.shared_budget import SharedBudget, over_budge
 from lightning_bandlimit.memory.cotenant import RampTrace
 from lightning_bandlimit.utils.command_line import CommandLineError, debugging, exit_with_error
 from lightning_bandlimit.utils.files import atomic_write_json
+from lightning_bandlimit.utils.units import MIB
 from lightning_bandlimit.utils.validation import check_choice, check_int, check_real
 
 __all__ = [
@@ -160,8 +161,9 @@ def run_job(spec: JobSpec) -> JobResult:
             (a ``ValueError``; the message is the root cause, on one line).
     """
     from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit, StepTimer
-    from lightning_bandlimit.jobs.cli import BandLimitCLI, recipe_path
-    from lightning_bandlimit.recompute.stages import checkpoint, checkpoint_units
+    from lightning_bandlimit.jobs.cli import BandLimitCLI
+    from lightning_bandlimit.recompute import stages, switch
+    from lightning_bandlimit.utils.recipe_files import recipe_path
 
     out = Path(spec.out_dir)
     if spec.threads is not None:
@@ -216,8 +218,8 @@ def run_job(spec: JobSpec) -> JobResult:
             **selection,
         )
     elif spec.mode == "checkpointed":
-        for _, unit in checkpoint_units(model):
-            checkpoint(unit)
+        for _, unit in stages.checkpoint_units(model):
+            switch.checkpoint(unit)
     if band is not None:
         trainer.callbacks.insert(1, band)
     if isinstance(band, AdaptiveBandLimit) and spec.device is not None and spec.coordinate:
@@ -435,7 +437,6 @@ def plot_timelines(results: list[JobResult], budget: int, path: Path, title: str
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    mib = 2**20
     fig, (top, middle, rungs, bottom) = plt.subplots(
         4, 1, figsize=(9, 9), sharex=True, height_ratios=[3, 1.2, 1.5, 1.5]
     )
@@ -443,7 +444,7 @@ def plot_timelines(results: list[JobResult], budget: int, path: Path, title: str
         steps = [r["step"] for r in result.timeline]
         top.plot(
             steps,
-            [(r["job_bytes"] + r["cotenant_bytes"]) / mib for r in result.timeline],
+            [(r["job_bytes"] + r["cotenant_bytes"]) / MIB for r in result.timeline],
             label=f"{result.name} + co-tenant",
         )
         bottom.plot(steps, [r["compression"] for r in result.timeline], label=result.name)
@@ -451,8 +452,8 @@ def plot_timelines(results: list[JobResult], budget: int, path: Path, title: str
             steps, [r.get("checkpointed_units", 0) for r in result.timeline], where="post", label=result.name
         )
     first = results[0].timeline
-    middle.plot([r["step"] for r in first], [r["cotenant_bytes"] / mib for r in first], color="grey")
-    top.axhline(budget / mib, color="red", ls="--", label="budget")
+    middle.plot([r["step"] for r in first], [r["cotenant_bytes"] / MIB for r in first], color="grey")
+    top.axhline(budget / MIB, color="red", ls="--", label="budget")
     top.set_ylabel("resident MiB\n(job's step peak + co-tenant)", fontsize=9)
     top.legend(fontsize=8, loc="upper left")
     middle.set_ylabel("co-tenant MiB", fontsize=9)

@@ -6,8 +6,7 @@
 * :mod:`.memory_model`: peak memory against compression, learned online.
 * :mod:`.learned`: what the ladder measured per rung and compression, and its predictions.
 * :mod:`.controller`: :class:`LadderController`, the decisions (pressure, hold, release, an
-  out-of-memory retry; one escalation path).
-* :mod:`.compression_only`: :class:`CompressionController`, the ladder without exact rungs.
+  out-of-memory retry; one escalation path); with ``rungs=0`` the compression-only ladder.
 
 Example:
     >>> from lightning_bandlimit.memory import ScriptedProbe
@@ -16,12 +15,11 @@ Example:
     Setting(rung=1, compression=0.0)
 """
 
-from lightning_bandlimit.ladder.compression_only import CompressionController
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.learned import LadderModel
 from lightning_bandlimit.ladder.memory_model import MemoryModel, threshold_bytes
 from lightning_bandlimit.ladder.reasons import HOLD, LOWER, OOM, RAISE, REASON_CODES
-from lightning_bandlimit.ladder.setting import Decision, FreeMemory, LadderDecision, Setting
+from lightning_bandlimit.ladder.setting import Decision, FreeMemory, Setting
 
 __all__ = [
     "HOLD",
@@ -29,11 +27,9 @@ __all__ = [
     "OOM",
     "RAISE",
     "REASON_CODES",
-    "CompressionController",
     "Decision",
     "FreeMemory",
     "LadderController",
-    "LadderDecision",
     "LadderModel",
     "MemoryModel",
     "Setting",

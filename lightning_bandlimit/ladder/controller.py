@@ -118,7 +118,7 @@ class LadderController(LadderModel):
         TypeError: for a count that is not an int.
 
     Example:
-        >>> from lightning_bandlimit.memory.probes import MemoryReading
+        >>> from lightning_bandlimit.memory.protocol import MemoryReading
         >>> ladder = LadderController(rungs=2, min_free=100, release_free=300)
         >>> ladder.observe(Setting(0, 0.0), 1000)
         >>> short = MemoryReading(total=2000, free=50, source="scripted")  # 50 bytes short (+10 %)
@@ -245,7 +245,7 @@ class LadderController(LadderModel):
         margin) and the noise of the job's peak: what a move down may add.
 
         Example:
-            >>> from lightning_bandlimit.memory.probes import MemoryReading
+            >>> from lightning_bandlimit.memory.protocol import MemoryReading
             >>> ladder = LadderController(rungs=1, min_free=100, margin=0.1)
             >>> _ = ladder.decide(MemoryReading(total=5000, free=300, source="scripted"), Setting(0, 0.0))
             >>> ladder.spare(300)

@@ -28,7 +28,7 @@ class OthersGrowth:
     check where the peers' memory became known or unknown.
 
     Example:
-        >>> from lightning_bandlimit.memory.probes import MemoryReading
+        >>> from lightning_bandlimit.memory.protocol import MemoryReading
         >>> growth, job = OthersGrowth(), Setting(0, 0.0)
         >>> [growth.check(job, MemoryReading(10_000, free, "scripted"), (job, 5000.0), None)
         ...  for free in (3000, 2600, 2200)]  # others take 400 bytes a check: a ramp

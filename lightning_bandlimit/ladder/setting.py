@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Decision", "FreeMemory", "LadderDecision", "Setting"]
+__all__ = ["Decision", "FreeMemory", "Setting"]
 
 
 class FreeMemory(Protocol):
@@ -47,7 +47,3 @@ class Decision(Setting):
     @property
     def setting(self) -> Setting:
         return Setting(self.rung, self.compression)
-
-
-LadderDecision = Decision
-"""The name of :class:`Decision` in earlier releases."""

@@ -16,6 +16,7 @@ from types import TracebackType
 
 from typing_extensions import Self
 
+from lightning_bandlimit.utils.units import MIB
 from lightning_bandlimit.utils.validation import check_int
 
 __all__ = ["CoTenant", "RampTrace"]
@@ -60,12 +61,12 @@ class CoTenant:
     Example:
         >>> with CoTenant() as other:
         ...     idle = other.resident
-        ...     grown = other.hold(64 * 2**20)
-        >>> grown - idle >= 60 * 2**20
+        ...     grown = other.hold(64 * MIB)
+        >>> grown - idle >= 60 * MIB
         True
     """
 
-    def __init__(self, chunk_bytes: int = 2**20) -> None:
+    def __init__(self, chunk_bytes: int = MIB) -> None:
         check_int("chunk_bytes", chunk_bytes, minimum=4096)  # one page
         self._process = subprocess.Popen(
             [sys.executable, "-S", "-c", _SERVER, str(int(chunk_bytes))],

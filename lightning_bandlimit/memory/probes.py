@@ -25,6 +25,7 @@ processes, read as a probe, in ``budget.py``.
 failure to measure is a :class:`ProbeUnavailable`, from construction or from ``read()``.
 
 Example:
+    >>> from lightning_bandlimit.memory.scripted import ScriptedProbe
     >>> with ScriptedProbe([6_000, 2_500], total=8_000) as probe:
     ...     first, second = probe.read(), probe.read()
     >>> first.free, second.used, second.free_fraction
@@ -41,19 +42,9 @@ from lightning_bandlimit.memory._torch import as_device
 from lightning_bandlimit.memory.cuda import CudaProbe
 from lightning_bandlimit.memory.host import HostMemoryProbe
 from lightning_bandlimit.memory.nvml import NVMLProbe
-from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable
-from lightning_bandlimit.memory.scripted import ScriptedProbe
+from lightning_bandlimit.memory.protocol import MemoryProbe, ProbeUnavailable
 
-__all__ = [
-    "CudaProbe",
-    "HostMemoryProbe",
-    "MemoryProbe",
-    "MemoryReading",
-    "NVMLProbe",
-    "ProbeUnavailable",
-    "ScriptedProbe",
-    "auto_probe",
-]
+__all__ = ["auto_probe"]
 
 
 def _warn(message: str) -> None:

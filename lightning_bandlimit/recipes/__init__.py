@@ -8,15 +8,16 @@ layer keeps and drops), and several checkpoints per variant with a computed verd
 (:mod:`~lightning_bandlimit.recipes.results.study`).
 """
 
-from lightning_bandlimit.recipes.attack_suite import ATTACKS, AttackSpec, build_attack
+from lightning_bandlimit.recipes.evaluation.evaluate import RobustnessReport, evaluate_robustness
 from lightning_bandlimit.recipes.evaluation.fourier_heatmap import (
     fourier_basis,
     fourier_heat_map,
     save_heat_map,
     save_heat_map_difference,
 )
+from lightning_bandlimit.recipes.evaluation.loading import load_classifier
 from lightning_bandlimit.recipes.results.sanity import SanityCheck, SanityCheckError
-from lightning_bandlimit.recipes.robustness import RobustnessReport, evaluate_robustness, load_classifier
+from lightning_bandlimit.recipes.threats import ATTACKS, AttackSpec, build_attack
 from lightning_bandlimit.recipes.threats.band_attacks import BandNoise, BandPGD
 from lightning_bandlimit.recipes.threats.frequency_band import BANDS, band_mask, band_project
 from lightning_bandlimit.recipes.threats.input_band import BandSubspace, InputBand, input_band

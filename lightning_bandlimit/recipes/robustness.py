@@ -4,7 +4,7 @@
 Python) evaluates one or more classifiers (checkpoints of our
 :class:`~lightning_bandlimit.models.ImageClassifier`, re-band-limited as they were trained, or
 any ``nn.Module`` mapping ``[0, 1]`` images to logits) on a datamodule's test set under the
-attacks of :mod:`~lightning_bandlimit.recipes.attack_suite`, at every budget of each attack's
+attacks of :mod:`~lightning_bandlimit.recipes.threats`, at every budget of each attack's
 ``eps`` list, and writes::
 
     <output_dir>/
@@ -46,10 +46,10 @@ bands), :mod:`~.evaluation` (validation and resolution before any work in ``plan
 samples, attacks in a model's own band, one model under every attack, the worst case and
 :func:`evaluate_robustness` in ``evaluate``, the sequence over them) and :mod:`~.results` (the
 records, the sanity checks, the results files, the report and the study). This module is the
-recipe's front: its command line and the public names.
+recipe's command line; :mod:`lightning_bandlimit.recipes` holds its public names.
 
 Determinism: data order, attack random starts and noise draw from seeds derived from ``seed``
-(:func:`~lightning_bandlimit.recipes.attack_suite.derive_seed`) on a forked RNG (the caller's
+(:func:`~lightning_bandlimit.recipes.threats.derive_seed`) on a forked RNG (the caller's
 RNG state is left alone), so the same seed gives identical records on CPU; on CUDA up to
 non-deterministic kernels unless ``torch.use_deterministic_algorithms(True)``.
 """
@@ -64,20 +64,12 @@ from typing import Any, NoReturn
 import lightning.pytorch as pl
 import torch
 
-from lightning_bandlimit.recipes.evaluation.evaluate import RobustnessReport, evaluate_robustness, run_plan
-from lightning_bandlimit.recipes.evaluation.loading import load_classifier, resolve_device
+from lightning_bandlimit.recipes.evaluation.evaluate import evaluate_robustness, run_plan
 from lightning_bandlimit.recipes.evaluation.plan import EvaluationPlan, plan_evaluation
 from lightning_bandlimit.recipes.results.sanity import SanityCheckError
 from lightning_bandlimit.utils.main_run import main_run_checkpoints
 
-__all__ = [
-    "RobustnessReport",
-    "evaluate_robustness",
-    "load_classifier",
-    "main",
-    "main_run_checkpoints",
-    "resolve_device",
-]
+__all__ = ["main"]
 
 PROG = "lightning-bandlimit robustness"
 

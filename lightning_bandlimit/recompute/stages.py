@@ -1,14 +1,15 @@
 """Activation checkpointing as a run-time lever: switched on and off per module, between steps.
 
-:func:`checkpoint` changes the class of a module object to a checkpointed subclass of its own
-class (made once per class), like :mod:`lightning_bandlimit.layers.surgery` swaps convolutions: the
-object, its parameters, buffers, hooks, ``state_dict`` keys and any reference to it stay, and
-:func:`uncheckpoint` is the exact inverse. While checkpointed, a training forward with
-gradients runs through ``torch.utils.checkpoint.checkpoint`` in its non-reentrant mode (the one
-that is safe under DDP): only the module's inputs are kept for backward, and its forward is run
-again in backward to rebuild what the gradients need. Gradients are exactly those of the
-module without checkpointing (the same operations run on the same values). In eval mode or
-without gradients the module runs as before.
+:func:`~lightning_bandlimit.recompute.switch.checkpoint` changes the class of a module object to a
+checkpointed subclass of its own class (made once per class), like
+:mod:`lightning_bandlimit.layers.surgery` swaps convolutions: the object, its parameters, buffers,
+hooks, ``state_dict`` keys and any reference to it stay, and
+:func:`~lightning_bandlimit.recompute.switch.uncheckpoint` is the exact inverse. While
+checkpointed, a training forward with gradients runs through ``torch.utils.checkpoint.checkpoint``
+in its non-reentrant mode (the one that is safe under DDP): only the module's inputs are kept for
+backward, and its forward is run again in backward to rebuild what the gradients need. Gradients
+are exactly those of the module without checkpointing (the same operations run on the same
+values). In eval mode or without gradients the module runs its own class's forward.
 
 **Band-limited blocks keep less than their input.** A checkpointed block whose input reaches
 its arithmetic only through memory-lean band-limited convolutions, identity shortcuts and
@@ -44,7 +45,6 @@ from collections.abc import Collection, Iterable
 from typing import Any
 
 import torch
-import torch.utils.checkpoint
 from torch import nn
 from torch.utils import _pytree as pytree
 
@@ -57,14 +57,7 @@ from lightning_bandlimit.recompute.spectral import (
 from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
 from lightning_bandlimit.recompute.units import Unit, find_units
 
-__all__ = [
-    "CheckpointStages",
-    "UnitProfile",
-    "checkpoint",
-    "checkpoint_units",
-    "is_checkpointed",
-    "uncheckpoint",
-]
+__all__ = ["CheckpointStages", "UnitProfile", "checkpoint_units"]
 
 
 def checkpoint_units(
@@ -269,9 +262,7 @@ class CheckpointStages:
         Raises:
             ValueError: for a name that is not one of the units.
         """
-        unknown = [name for name in names if name not in self.units]
-        if unknown:
-            raise ValueError(f"unknown units {unknown}; expected names among {sorted(self.units)}")
+        self._check_known(names)
         for name in names:
             uncheckpoint(self.units.pop(name))
         if self.stages is not None:
@@ -284,10 +275,13 @@ class CheckpointStages:
         Raises:
             ValueError: for a name that is not one of the units.
         """
-        unknown = [name for stage in stages for name in stage if name not in self.units]
+        self._check_known([name for stage in stages for name in stage])
+        self.stages = [list(stage) for stage in stages]
+
+    def _check_known(self, names: Iterable[str]) -> None:
+        unknown = [name for name in names if name not in self.units]
         if unknown:
             raise ValueError(f"unknown units {unknown}; expected names among {sorted(self.units)}")
-        self.stages = [list(stage) for stage in stages]
 
     def apply(self, rung: int) -> None:
         """Checkpoint the first ``rung`` stages and no other unit.

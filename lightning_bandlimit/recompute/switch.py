@@ -105,7 +105,7 @@ def checkpoint(module: Unit, name: str | None = None) -> Unit:
 
 
 def uncheckpoint(module: Unit) -> Unit:
-    """Exact inverse of :func:`checkpoint`: ``module`` runs as before (in place).
+    """Exact inverse of :func:`checkpoint`: ``module`` is of its own class again (in place).
 
     Args:
         module: a module; ones that are not checkpointed are left as they are.

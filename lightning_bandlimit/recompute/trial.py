@@ -62,7 +62,7 @@ def trial(
 
     Args:
         name: the unit's name, for the reason.
-        unit: a module or a segment (anything :func:`~lightning_bandlimit.recompute.stages.checkpoint`
+        unit: a module or a segment (anything :func:`~lightning_bandlimit.recompute.switch.checkpoint`
             takes).
         args: its positional arguments (recorded samples; tensors that require grad get gradients).
         compression: run the unit's band-limited layers at this compression for the trial (they

@@ -248,7 +248,7 @@ class Coordination:
         ``at`` (the time of the check), or when no rung is known to fit.
 
         Example:
-            >>> from lightning_bandlimit.memory.probes import MemoryReading
+            >>> from lightning_bandlimit.memory.protocol import MemoryReading
             >>> ladder = LadderController(rungs=2, min_free=100, margin=0.0)
             >>> ladder.on_stages_measured([300.0, 100.0]); ladder.observe(Setting(2, 0.0), 1000)
             >>> calm = ladder.decide(MemoryReading(total=5000, free=150, source="scripted"), Setting(2, 0.0))

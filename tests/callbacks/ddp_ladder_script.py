@@ -12,7 +12,7 @@ from lightning_bandlimit.callbacks import AdaptiveBandLimit
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.memory import ScriptedProbe
 from lightning_bandlimit.models import ImageClassifier
-from lightning_bandlimit.recompute.stages import is_checkpointed
+from lightning_bandlimit.recompute.switch import is_checkpointed
 
 M = 1_000_000
 # min_free 20 MB and release_free 40 MB of 100 MB; rank 1 comes near min_free slowly, then

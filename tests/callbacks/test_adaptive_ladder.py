@@ -24,7 +24,7 @@ from lightning_bandlimit.ladder import Setting
 from lightning_bandlimit.memory import MemoryReading, ScriptedProbe
 from lightning_bandlimit.models import ImageClassifier
 from lightning_bandlimit.models.backbones import _BasicBlock
-from lightning_bandlimit.recompute.stages import is_checkpointed
+from lightning_bandlimit.recompute.switch import is_checkpointed
 
 M = 1_000_000
 TOTAL = 100 * M  # min_free 20 MB, release_free 40 MB (SCRIPTED_ADAPTIVE's fractions)

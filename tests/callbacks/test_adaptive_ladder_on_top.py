@@ -16,7 +16,7 @@ from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.memory import ScriptedProbe
 from lightning_bandlimit.models import ImageClassifier
 from lightning_bandlimit.recompute.spectral import spectral_fallback
-from lightning_bandlimit.recompute.stages import is_checkpointed
+from lightning_bandlimit.recompute.switch import is_checkpointed
 
 M = 1_000_000
 TOTAL = 100 * M

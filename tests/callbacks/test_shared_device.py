@@ -20,7 +20,7 @@ from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.ladder import Decision, Setting
 from lightning_bandlimit.memory import MemoryReading, ProbeUnavailable, ScriptedProbe
 from lightning_bandlimit.models import ImageClassifier
-from lightning_bandlimit.recompute.stages import is_checkpointed
+from lightning_bandlimit.recompute.switch import is_checkpointed
 from lightning_bandlimit.tenants import Ledger, Tenant
 from lightning_bandlimit.tenants.ledger import host_device
 

@@ -13,10 +13,10 @@ import torch
 from _helpers import cpu_trainer
 from torch import nn
 
-from lightning_bandlimit.data.cifar10 import (
+from lightning_bandlimit.data.cifar10 import CIFAR10DataModule
+from lightning_bandlimit.data.cifar10_batches import (
     CIFAR10_CLASSES,
     CIFAR10_TRAIN_FILES,
-    CIFAR10DataModule,
     load_cifar10_batches,
     write_fake_cifar10,
 )
@@ -257,13 +257,6 @@ def test_bad_stage_and_fake_counts(folder: Path, tmp_path: Path) -> None:
         CIFAR10DataModule(folder).setup("train")
     with pytest.raises(ValueError, match="n_test must be >= 0, got -1"):
         write_fake_cifar10(tmp_path / "fake", n_test=-1)
-
-
-def test_reader_names_still_import_from_the_cifar10_module() -> None:
-    from lightning_bandlimit.data import cifar10, cifar10_batches
-
-    for name in cifar10_batches.__all__:
-        assert getattr(cifar10, name) is getattr(cifar10_batches, name) and name in cifar10.__all__
 
 
 def test_val_size_too_large(folder: Path) -> None:

@@ -9,9 +9,8 @@ from torch import nn
 
 from lightning_bandlimit.functional import fft_conv1d, fft_conv2d, spectral_band
 from lightning_bandlimit.functional.algorithm import choose_algorithm
-from lightning_bandlimit.functional.fft_conv import outgrows_input
 from lightning_bandlimit.functional.geometry import resolve_geometry
-from lightning_bandlimit.functional.spectrum_split import input_plan
+from lightning_bandlimit.functional.spectrum_split import input_plan, outgrows_input
 from lightning_bandlimit.layers.band_limited import BandLimitedConv2d
 from lightning_bandlimit.layers.surgery import unbandlimit
 from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter

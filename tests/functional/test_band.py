@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_bandlimit.functional import SpectralBand, check_compression, spectral_band
+from lightning_bandlimit.functional import SpectralBand, spectral_band
+from lightning_bandlimit.utils.validation import check_compression
 
 # Odd, even, non-square, tall, wide, tiny and one-dimensional ((1, L)) grids.
 GRIDS = [

@@ -8,14 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from lightning_bandlimit.jobs.cli import (
-    BandLimitCLI,
-    CommandLineError,
-    main,
-    one_line_error,
-    recipe_path,
-    recipes,
-)
+from lightning_bandlimit.jobs.cli import BandLimitCLI, main
+from lightning_bandlimit.utils.command_line import CommandLineError, one_line_error
+from lightning_bandlimit.utils.recipe_files import recipe_path, recipes
 
 TINY = [
     "--trainer.max_epochs",
@@ -287,7 +282,7 @@ def test_usage_errors_is_opt_in_for_the_python_api() -> None:
     args = ["--config", "quickstart", "--trainer.callbacks.compression", "1.5"]
     with pytest.raises(CommandLineError, match=r"^compression must be in \[0, 1\), got 1.5$"):
         BandLimitCLI(args=args, run=False, usage_errors=True)
-    with pytest.raises(ValueError, match="Does not validate") as info:  # jsonargparse's own, as before
+    with pytest.raises(ValueError, match="Does not validate") as info:  # no usage_errors: jsonargparse's own
         BandLimitCLI(args=args, run=False)
     assert not isinstance(info.value, CommandLineError)
 

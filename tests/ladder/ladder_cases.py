@@ -1,7 +1,7 @@
 """Ladders the tests of :mod:`lightning_bandlimit.ladder` start from, and readings to feed them."""
 
 from lightning_bandlimit.ladder import Decision, LadderController, Setting
-from lightning_bandlimit.memory.probes import MemoryReading
+from lightning_bandlimit.memory.protocol import MemoryReading
 
 TOTAL = 10_000
 FLOOR = Setting(0, 0.0)

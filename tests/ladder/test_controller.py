@@ -8,7 +8,7 @@ from _helpers import simulate_device
 from ladder_cases import FLOOR, SAVINGS, TOTAL, _known, _ladder, _learned, _reading, _run, _rung0
 
 from lightning_bandlimit.ladder import Decision, LadderController, Setting
-from lightning_bandlimit.memory.probes import MemoryReading
+from lightning_bandlimit.memory.protocol import MemoryReading
 
 # -- pressure: the exact rungs ----------------------------------------------------------------
 

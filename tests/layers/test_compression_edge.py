@@ -26,8 +26,8 @@ from lightning_bandlimit import (
     spectral_band,
 )
 from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit
-from lightning_bandlimit.functional import check_compression
-from lightning_bandlimit.memory import CompressionController, LadderController
+from lightning_bandlimit.ladder import LadderController
+from lightning_bandlimit.utils.validation import check_compression
 
 BAD: list[tuple[Any, type[Exception]]] = [
     (1.5, ValueError),
@@ -63,8 +63,6 @@ ENTRIES: list[tuple[str, str, Callable[[Any], Any]]] = [
     ),
     ("LadderController min", "min_compression", lambda c: LadderController(min_compression=c)),
     ("LadderController max", "max_compression", lambda c: LadderController(max_compression=c)),
-    ("CompressionController min", "min_compression", lambda c: CompressionController(min_compression=c)),
-    ("CompressionController max", "max_compression", lambda c: CompressionController(max_compression=c)),
     ("bandlimit", "compression", lambda c: bandlimit(_model(), c)),
     ("set_compression", "compression", lambda c: set_compression(bandlimit(_model(), 0.5), c)),
     ("set_compression, no layers", "compression", lambda c: set_compression(nn.Linear(1, 1), c)),

@@ -561,12 +561,6 @@ def test_exports() -> None:
         exported = getattr(memory, name)
         assert not name.startswith("_") and (exported.__doc__ or "").strip(), name
     assert set(memory.__all__) >= {
-        "CompressionController",
-        "Decision",
-        "LadderController",
-        "LadderDecision",
-        "Setting",
-        "MemoryModel",
         "CudaProbe",
         "HostMemoryProbe",
         "MemoryProbe",

@@ -13,8 +13,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_bandlimit.layers.surgery import bandlimit
-from lightning_bandlimit.recipes.attack_suite import AttackSpec, build_attack, validate_attack_specs
-from lightning_bandlimit.recipes.robustness import evaluate_robustness
+from lightning_bandlimit.recipes.evaluation.evaluate import evaluate_robustness
+from lightning_bandlimit.recipes.threats import AttackSpec, build_attack, validate_attack_specs
 from lightning_bandlimit.recipes.threats.band_attacks import BandNoise, BandPGD
 from lightning_bandlimit.recipes.threats.input_band import input_band
 

@@ -14,16 +14,14 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchattacks.attack import Attack
 
-from lightning_bandlimit.recipes.attack_suite import (
+from lightning_bandlimit.recipes.evaluation.evaluate import evaluate_robustness
+from lightning_bandlimit.recipes.threats import (
     THREAT_BAND,
     THREAT_FULL,
     AttackInfo,
     AttackSpec,
     attack_names,
     registered_attack,
-)
-from lightning_bandlimit.recipes.robustness import (
-    evaluate_robustness,
 )
 
 PACKAGED = Path(__file__).resolve().parents[2] / "lightning_bandlimit" / "configs" / "robustness.yaml"

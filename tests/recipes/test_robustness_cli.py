@@ -19,15 +19,17 @@ from lightning_bandlimit.callbacks import AdaptiveBandLimit, BandLimit
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.layers.band_limited import BandLimitedConv2d
 from lightning_bandlimit.models import ImageClassifier
-from lightning_bandlimit.recipes.attack_suite import (
+from lightning_bandlimit.recipes.evaluation.loading import load_classifier
+from lightning_bandlimit.recipes.results.sanity import SanityCheckError
+from lightning_bandlimit.recipes.robustness import main
+from lightning_bandlimit.recipes.threats import (
     THREAT_FULL,
     AttackInfo,
     AttackSpec,
     registered_attack,
     validate_attack_specs,
 )
-from lightning_bandlimit.recipes.results.sanity import SanityCheckError
-from lightning_bandlimit.recipes.robustness import load_classifier, main, main_run_checkpoints
+from lightning_bandlimit.utils.main_run import main_run_checkpoints
 
 PACKAGED = Path(__file__).resolve().parents[2] / "lightning_bandlimit" / "configs" / "robustness.yaml"
 STUDY = PACKAGED.parent / "robustness_study.yaml"

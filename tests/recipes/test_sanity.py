@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchattacks.attack import Attack
 
-from lightning_bandlimit.recipes.attack_suite import THREAT_FULL, AttackInfo, AttackSpec, registered_attack
+from lightning_bandlimit.recipes.evaluation.evaluate import evaluate_robustness
 from lightning_bandlimit.recipes.results.records import RobustnessRecord
 from lightning_bandlimit.recipes.results.sanity import (
     SanityCheck,
@@ -25,7 +25,7 @@ from lightning_bandlimit.recipes.results.sanity import (
     check_large_budget,
     check_monotonic,
 )
-from lightning_bandlimit.recipes.robustness import evaluate_robustness
+from lightning_bandlimit.recipes.threats import THREAT_FULL, AttackInfo, AttackSpec, registered_attack
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ from torch import nn
 from lightning_bandlimit import bandlimit
 from lightning_bandlimit.recompute.arguments import checkpoint_call
 from lightning_bandlimit.recompute.segments import Segment
-from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint, checkpoint_units, uncheckpoint
+from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint_units
+from lightning_bandlimit.recompute.switch import checkpoint, uncheckpoint
 from lightning_bandlimit.recompute.trial import float32_eps, trial
 
 trial_module = importlib.import_module(

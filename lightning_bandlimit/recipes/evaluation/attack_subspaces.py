@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import torch
 
-from lightning_bandlimit.recipes.attack_suite import AttackSpec, spec_model_band
 from lightning_bandlimit.recipes.evaluation.evaluated_model import EvaluatedModel
+from lightning_bandlimit.recipes.threats import AttackSpec, spec_model_band
 from lightning_bandlimit.recipes.threats.input_band import BandSubspace, input_band
 
 __all__ = ["band_limited_variants", "derive_input_bands", "resolve_attack_subspaces"]

@@ -22,7 +22,6 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from lightning_bandlimit.recipes.attack_suite import AttackSpec
 from lightning_bandlimit.recipes.evaluation.attack_subspaces import band_limited_variants
 from lightning_bandlimit.recipes.evaluation.loading import Source
 from lightning_bandlimit.recipes.evaluation.model_runner import (
@@ -43,6 +42,7 @@ from lightning_bandlimit.recipes.results.sanity import (
     check_monotonic,
 )
 from lightning_bandlimit.recipes.results.study import study_markdown
+from lightning_bandlimit.recipes.threats import AttackSpec
 from lightning_bandlimit.utils.files import atomic_write
 
 __all__ = ["RobustnessReport", "evaluate_robustness", "run_plan"]
@@ -267,7 +267,7 @@ def evaluate_robustness(
             the replicates of one variant (e.g. one checkpoint per training seed), evaluated each
             as ``name#i`` and reported as mean +- std with paired differences between variants.
         data: a LightningDataModule (its test set) or a DataLoader of ``(images, labels)``.
-        attacks: the attacks (:class:`~lightning_bandlimit.recipes.attack_suite.AttackSpec` or
+        attacks: the attacks (:class:`~lightning_bandlimit.recipes.threats.AttackSpec` or
             mappings of its fields), each with its list of budgets.
         output_dir: the output folder (created).
         limit: evaluate the first ``limit`` samples only.

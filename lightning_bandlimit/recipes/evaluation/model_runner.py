@@ -1,7 +1,7 @@
 """One model under every attack: clean pass, model-level sanity checks, attack runs, worst case.
 
 Each run draws its randomness from its own seed
-(:func:`~lightning_bandlimit.recipes.attack_suite.derive_seed`) on a forked RNG. A minimum-norm
+(:func:`~lightning_bandlimit.recipes.threats.derive_seed`) on a forked RNG. A minimum-norm
 attack (``cw``) runs once and is evaluated at every budget: a sample counts as correct at
 ``eps`` when it is correct on the clean image and the attack found no misclassified example
 within L2 distance ``eps``.
@@ -18,7 +18,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_bandlimit.recipes.attack_suite import (
+from lightning_bandlimit.recipes.evaluation.evaluated_model import EvaluatedModel
+from lightning_bandlimit.recipes.evaluation.evaluation_data import Batches
+from lightning_bandlimit.recipes.evaluation.worst_case import AttackOutcome, worst_case
+from lightning_bandlimit.recipes.results.records import RobustnessRecord
+from lightning_bandlimit.recipes.results.result_store import ResultStore
+from lightning_bandlimit.recipes.results.sanity import check_gradients, check_large_budget
+from lightning_bandlimit.recipes.threats import (
     ATTACKS,
     AttackSpec,
     build_attack,
@@ -28,12 +34,6 @@ from lightning_bandlimit.recipes.attack_suite import (
     spec_model_band,
     spec_norm,
 )
-from lightning_bandlimit.recipes.evaluation.evaluated_model import EvaluatedModel
-from lightning_bandlimit.recipes.evaluation.evaluation_data import Batches
-from lightning_bandlimit.recipes.evaluation.worst_case import AttackOutcome, worst_case
-from lightning_bandlimit.recipes.results.records import RobustnessRecord
-from lightning_bandlimit.recipes.results.result_store import ResultStore
-from lightning_bandlimit.recipes.results.sanity import check_gradients, check_large_budget
 from lightning_bandlimit.recipes.threats.input_band import BandSubspace
 
 __all__ = ["RunContext", "evaluate_model", "frozen_parameters", "runs_per_model"]

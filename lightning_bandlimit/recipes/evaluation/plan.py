@@ -22,7 +22,14 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lightning_bandlimit.layers.surgery import bandlimited_layers
-from lightning_bandlimit.recipes.attack_suite import (
+from lightning_bandlimit.recipes.evaluation.attack_subspaces import (
+    derive_input_bands,
+    resolve_attack_subspaces,
+)
+from lightning_bandlimit.recipes.evaluation.evaluated_model import EvaluatedModel, replicates
+from lightning_bandlimit.recipes.evaluation.evaluation_data import Batches, describe_data, read_batches
+from lightning_bandlimit.recipes.evaluation.loading import Source, load_source, resolve_device
+from lightning_bandlimit.recipes.threats import (
     ATTACKS,
     AttackSpec,
     Threat,
@@ -32,13 +39,6 @@ from lightning_bandlimit.recipes.attack_suite import (
     spec_options,
     validate_attack_specs,
 )
-from lightning_bandlimit.recipes.evaluation.attack_subspaces import (
-    derive_input_bands,
-    resolve_attack_subspaces,
-)
-from lightning_bandlimit.recipes.evaluation.evaluated_model import EvaluatedModel, replicates
-from lightning_bandlimit.recipes.evaluation.evaluation_data import Batches, describe_data, read_batches
-from lightning_bandlimit.recipes.evaluation.loading import Source, load_source, resolve_device
 from lightning_bandlimit.recipes.threats.input_band import BandSubspace
 from lightning_bandlimit.utils.validation import check_int, check_real
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lightning_bandlimit.recipes.attack_suite import ATTACKS, AttackSpec, Threat, spec_band, spec_model_band
 from lightning_bandlimit.recipes.results.records import WorstCaseRecord
+from lightning_bandlimit.recipes.threats import ATTACKS, AttackSpec, Threat, spec_band, spec_model_band
 
 __all__ = ["AttackOutcome", "worst_case"]
 

@@ -24,7 +24,7 @@ class RobustnessRecord:
         attack_name: the registered attack name.
         threat: ``"full-spectrum white-box"``, ``"band-restricted white-box"`` or ``"random noise"``.
         norm: ``"Linf"``, ``"L2"`` or ``None``.
-        eps: the budget (meaning per attack, see :mod:`~lightning_bandlimit.recipes.attack_suite`).
+        eps: the budget (meaning per attack, see :mod:`~lightning_bandlimit.recipes.threats`).
         band: ``[low, high]`` normalised radial band of band attacks, else ``None``.
         band_name: the band's name when given by name.
         iterative: whether accuracy must be non-increasing in ``eps``.

@@ -25,16 +25,10 @@ from lightning_bandlimit.recipes.results.sanity import SanityCheck
 from lightning_bandlimit.recipes.threats.attack_info import THREAT_BAND, THREAT_FULL, THREAT_NOISE
 from lightning_bandlimit.utils.files import atomic_write, atomic_write_json
 from lightning_bandlimit.utils.tables import markdown_table
-from lightning_bandlimit.utils.versions import library_versions
 
 __all__ = [
     "BAND_WARNING",
-    "RobustnessRecord",
-    "WorstCaseRecord",
-    "atomic_write",
     "format_eps",
-    "library_versions",
-    "markdown_table",
     "plot_accuracy_vs_eps",
     "summary_markdown",
     "threat_label",

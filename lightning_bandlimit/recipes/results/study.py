@@ -31,8 +31,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_bandlimit.recipes.results.report import markdown_table
 from lightning_bandlimit.utils.stats import mean_interval, paired_difference
+from lightning_bandlimit.utils.tables import markdown_table
 
 __all__ = [
     "DECISIVE_LOSS",

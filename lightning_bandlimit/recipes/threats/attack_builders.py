@@ -1,6 +1,6 @@
 """The built-in attacks: torchattacks builders at full strength, listed in :data:`BUILT_IN_ATTACKS`.
 
-See :mod:`~lightning_bandlimit.recipes.attack_suite` for the table of attacks and their
+See :mod:`~lightning_bandlimit.recipes.threats` for the table of attacks and their
 full-strength defaults.
 """
 
@@ -138,7 +138,7 @@ def _build_band_noise(
 _PGD_DEFAULTS = {"steps": 50, "alpha": None, "random_start": True}
 _BAND_PGD_DEFAULTS = {**_PGD_DEFAULTS, "projection_rounds": 10}
 
-#: The built-in attacks, in the order of the table in :mod:`~lightning_bandlimit.recipes.attack_suite`;
+#: The built-in attacks, in the order of the table in :mod:`~lightning_bandlimit.recipes.threats`;
 #: the registry (:mod:`~lightning_bandlimit.recipes.threats.attack_registry`) starts with them.
 BUILT_IN_ATTACKS: tuple[AttackInfo, ...] = (
     AttackInfo(

@@ -19,7 +19,8 @@ from lightning_bandlimit.recompute.spectral import (
     block_plan,
     spectral_fallback,
 )
-from lightning_bandlimit.recompute.stages import checkpoint, checkpoint_units, uncheckpoint
+from lightning_bandlimit.recompute.stages import checkpoint_units
+from lightning_bandlimit.recompute.switch import checkpoint, uncheckpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,7 +9,7 @@ import torch
 import torchattacks
 from torch import nn
 
-from lightning_bandlimit.recipes.attack_suite import (
+from lightning_bandlimit.recipes.threats import (
     ATTACKS,
     THREAT_BAND,
     THREAT_FULL,

@@ -1,26 +1,36 @@
-"""CompressionController on scripted headroom traces."""
+"""The compression-only ladder (``LadderController(rungs=0)``, what ``levers=["compression"]``
+runs) on scripted headroom traces, and the memory-versus-compression model it learns."""
 
 import math
 import random
 
 import pytest
 
-from lightning_bandlimit.ladder import CompressionController, MemoryModel, Setting
-from lightning_bandlimit.memory.probes import MemoryReading
+from lightning_bandlimit.ladder import LadderController, MemoryModel, Setting
+from lightning_bandlimit.memory.protocol import MemoryReading
 
 TOTAL = 1000
 
 
-def _run(controller: CompressionController, frees: list[int], start: float = 0.0) -> list[float]:
+def _ladder(**kwargs: object) -> LadderController:
+    return LadderController(rungs=0, **kwargs)
+
+
+def _decide(ladder: LadderController, free: int, compression: float, total: int = TOTAL) -> float:
+    reading = MemoryReading(total=total, free=free, source="scripted")
+    return ladder.decide(reading, Setting(0, compression)).compression
+
+
+def _run(ladder: LadderController, frees: list[int], start: float = 0.0) -> list[float]:
     c, timeline = start, []
     for free in frees:
-        c = controller.decide(MemoryReading(total=TOTAL, free=free, source="scripted"), c).compression
+        c = _decide(ladder, free, c)
         timeline.append(c)
     return timeline
 
 
 def test_cotenant_rise_then_fall() -> None:
-    ctl = CompressionController(
+    ladder = _ladder(
         min_free=0.2,
         release_free=0.4,
         raise_step=0.2,
@@ -30,7 +40,7 @@ def test_cotenant_rise_then_fall() -> None:
         max_compression=0.8,
     )
     frees = [700] * 5 + [100] * 6 + [700] * 40
-    timeline = _run(ctl, frees)
+    timeline = _run(ladder, frees)
     assert timeline[:5] == [0.0] * 5
     assert timeline[5] == 0.2  # raised on the first check under pressure
     assert timeline[10] == 0.8  # fast: one step per check, up to the bound
@@ -45,64 +55,62 @@ def test_cotenant_rise_then_fall() -> None:
 
 def test_no_oscillation_on_a_noisy_flat_trace() -> None:
     rng = random.Random(0)
-    ctl = CompressionController(min_free=0.2, release_free=0.4)
+    ladder = _ladder(min_free=0.2, release_free=0.4)
     frees = [int(300 + rng.gauss(0, 30)) for _ in range(500)]  # noisy, inside the hysteresis band
-    assert set(_run(ctl, frees, start=0.3)) == {0.3}
+    assert set(_run(ladder, frees, start=0.3)) == {0.3}
 
 
 def test_noise_around_the_release_level_changes_little() -> None:
     rng = random.Random(1)
-    ctl = CompressionController(min_free=0.2, release_free=0.4, release_checks=3, cooldown_checks=2)
+    ladder = _ladder(min_free=0.2, release_free=0.4, release_checks=3, cooldown_checks=2)
     frees = [int(400 + rng.gauss(0, 40)) for _ in range(300)]
-    timeline = _run(ctl, frees, start=0.5)
+    timeline = _run(ladder, frees, start=0.5)
     rises = sum(b > a for a, b in zip(timeline, timeline[1:]))
     assert rises == 0  # never below min_free: nothing to raise for
     assert timeline[-1] <= 0.5
 
 
 def test_bounds_are_respected() -> None:
-    ctl = CompressionController(min_free=0.2, release_free=0.4, min_compression=0.1, max_compression=0.6)
-    assert max(_run(ctl, [10] * 50, start=0.1)) == 0.6
-    ctl = CompressionController(min_free=0.2, release_free=0.4, min_compression=0.1, max_compression=0.6)
-    assert min(_run(ctl, [990] * 200, start=0.6)) == 0.1
+    ladder = _ladder(min_free=0.2, release_free=0.4, min_compression=0.1, max_compression=0.6)
+    assert max(_run(ladder, [10] * 50, start=0.1)) == 0.6
+    ladder = _ladder(min_free=0.2, release_free=0.4, min_compression=0.1, max_compression=0.6)
+    assert min(_run(ladder, [990] * 200, start=0.6)) == 0.1
 
 
 def test_jumps_to_the_least_compression_the_learned_model_predicts_to_fit() -> None:
-    ctl = CompressionController(min_free=300, release_free=500, raise_step=0.05, margin=0.0)
+    ladder = _ladder(min_free=300, release_free=500, raise_step=0.05, margin=0.0)
     for c in (0.0, 0.2, 0.4):
-        ctl.model.observe(c, 1000 - 800 * c)  # the job saves 80 bytes per 0.1 of compression
-    decision = ctl.decide(MemoryReading(total=TOTAL, free=60, source="scripted"), 0.0)
+        ladder.compression_memory.observe(c, 1000 - 800 * c)  # the job saves 80 bytes per 0.1 of compression
+    decision = ladder.decide(MemoryReading(total=TOTAL, free=60, source="scripted"), Setting(0, 0.0))
     # deficit 240 bytes -> 0.3 of compression, in one jump rather than 0.05 steps
     assert decision.reason == "raise" and decision.compression == pytest.approx(0.3)
 
 
 def test_steps_when_the_model_says_compression_does_not_help() -> None:
-    ctl = CompressionController(min_free=200, release_free=400, raise_step=0.1)
-    ctl.model.observe(0.0, 700)
-    ctl.model.observe(0.5, 900)  # e.g. a ResNet, where ReLUs keep inputs alive anyway
-    decision = ctl.decide(MemoryReading(total=TOTAL, free=100, source="scripted"), 0.2)
-    assert decision.compression == pytest.approx(0.3)
+    ladder = _ladder(min_free=200, release_free=400, raise_step=0.1)
+    ladder.compression_memory.observe(0.0, 700)
+    ladder.compression_memory.observe(0.5, 900)  # e.g. a ResNet, where ReLUs keep inputs alive anyway
+    assert _decide(ladder, 100, 0.2) == pytest.approx(0.3)
 
 
 def test_release_stops_at_the_model_floor() -> None:
-    ctl = CompressionController(
-        min_free=200, release_free=400, lower_step=0.5, release_checks=1, cooldown_checks=0
-    )
-    ctl.model.observe(0.0, 1000)
-    ctl.model.observe(0.8, 200)
-    decision = ctl.decide(MemoryReading(total=TOTAL, free=500, source="scripted"), 0.8)
+    ladder = _ladder(min_free=200, release_free=400, lower_step=0.5, release_checks=1, cooldown_checks=0)
+    ladder.compression_memory.observe(0.0, 1000)
+    ladder.compression_memory.observe(0.8, 200)
+    decision = ladder.decide(MemoryReading(total=TOTAL, free=500, source="scripted"), Setting(0, 0.8))
     # 100 bytes spare above release_free -> only 0.1 of compression may be given back
     assert decision.reason == "lower" and decision.compression == pytest.approx(0.7)
 
 
 def test_oom_and_state_round_trip() -> None:
-    ctl = CompressionController(raise_step=0.25, max_compression=0.9)
-    assert ctl.on_oom(0.8) == 0.9
-    ctl.model.observe(0.1, 5.0)
-    ctl.model.observe(0.3, 3.0)
-    copy = CompressionController()
-    copy.load_state_dict(ctl.state_dict())
-    assert copy.model.points == ctl.model.points and copy.model.predict(0.2) == pytest.approx(4.0)
+    ladder = _ladder(raise_step=0.25, max_compression=0.9)
+    assert ladder.on_oom(Setting(0, 0.8)).compression == 0.9
+    ladder.compression_memory.observe(0.1, 5.0)
+    ladder.compression_memory.observe(0.3, 3.0)
+    copy = _ladder()
+    copy.load_state_dict(ladder.state_dict())
+    assert copy.compression_memory.points == ladder.compression_memory.points
+    assert copy.compression_memory.predict(0.2) == pytest.approx(4.0)
 
 
 def test_memory_model_interpolates_and_needs_two_points() -> None:
@@ -128,16 +136,16 @@ def test_memory_model_interpolates_and_needs_two_points() -> None:
 )
 def test_bad_configuration(kwargs: dict) -> None:
     with pytest.raises(ValueError):
-        CompressionController(**kwargs)
+        _ladder(**kwargs)
 
 
 def test_releases_never_go_below_an_oom_compression() -> None:
-    ctl = CompressionController(
+    ladder = _ladder(
         min_free=0.2, release_free=0.4, raise_step=0.3, lower_step=0.1, release_checks=1, cooldown_checks=0
     )
-    retry = ctl.on_oom(0.2)
-    assert retry == pytest.approx(0.5) and ctl.oom_floor == pytest.approx(0.5)
-    assert set(_run(ctl, [900] * 30, start=retry)) == {0.5}
+    retry = ladder.on_oom(Setting(0, 0.2)).compression
+    assert retry == pytest.approx(0.5) and ladder.oom_floor == pytest.approx(0.5)
+    assert set(_run(ladder, [900] * 30, start=retry)) == {0.5}
 
 
 def test_extrapolation_uses_the_whole_span_not_two_noisy_neighbours() -> None:
@@ -157,28 +165,27 @@ def test_a_model_whose_memory_does_not_fall_predicts_nothing() -> None:
     assert model.predict(0.25) is None and model.predict(0.9) is None
 
 
-def test_noisy_neighbours_no_longer_force_a_raise_step_overshoot() -> None:
-    # seen in the multi-tenant benchmark: points at 0.52 and 0.53 a hair apart made the
-    # extrapolated saving vanish, so a 1-MiB deficit fell back to a 0.2 raise_step
-    ctl = CompressionController(min_free=100, release_free=400, raise_step=0.2, margin=0.0)
-    ctl.model.observe(0.0, 1000)
-    ctl.model.observe(0.52, 792)
-    ctl.model.observe(0.53, 793)
-    decision = ctl.decide(MemoryReading(total=TOTAL, free=90, source="scripted"), 0.53)
+def test_noisy_neighbours_do_not_force_a_raise_step_overshoot() -> None:
+    # seen in the multi-tenant benchmark: points at 0.52 and 0.53 a hair apart must not make the
+    # extrapolated saving vanish, or a 1-MiB deficit falls back to a 0.2 raise_step
+    ladder = _ladder(min_free=100, release_free=400, raise_step=0.2, margin=0.0)
+    ladder.compression_memory.observe(0.0, 1000)
+    ladder.compression_memory.observe(0.52, 792)
+    ladder.compression_memory.observe(0.53, 793)
+    decision = ladder.decide(MemoryReading(total=TOTAL, free=90, source="scripted"), Setting(0, 0.53))
     assert decision.reason == "raise" and 0.53 < decision.compression <= 0.6
 
 
 def test_release_jumps_to_the_least_compression_predicted_to_keep_release_free() -> None:
-    ctl = CompressionController(
-        min_free=100, release_free=400, lower_step=0.05, release_checks=1, cooldown_checks=0
-    )
-    ctl.model.observe(0.0, 1000)
-    ctl.model.observe(0.8, 200)
-    decision = ctl.decide(MemoryReading(total=TOTAL, free=900, source="scripted"), 0.8)
+    ladder = _ladder(min_free=100, release_free=400, lower_step=0.05, release_checks=1, cooldown_checks=0)
+    model = ladder.compression_memory
+    model.observe(0.0, 1000)
+    model.observe(0.8, 200)
+    decision = ladder.decide(MemoryReading(total=TOTAL, free=900, source="scripted"), Setting(0, 0.8))
     # 500 bytes spare above release_free -> 0.5 of compression given back in one release, not 0.05
     assert decision.reason == "lower" and decision.compression == pytest.approx(0.3)
     # and the predicted free memory after it is release_free: well above min_free
-    assert 900 - (ctl.model.predict(0.3) - ctl.model.predict(0.8)) == pytest.approx(400)
+    assert 900 - (model.predict(0.3) - model.predict(0.8)) == pytest.approx(400)
 
 
 def _job_bytes(c: float) -> int:
@@ -191,7 +198,7 @@ def test_a_steady_ramp_is_met_before_the_job_overdraws() -> None:
     # a co-tenant that grows 70 % of min_free per check: restoring min_free alone leaves 30 %
     # of it for model error, which the staircase exceeds (1 overdrawn step without the
     # surprise term); freeing the surprise too keeps the job inside the budget
-    ctl = CompressionController(min_free=120, release_free=740, raise_step=0.2, max_compression=0.9)
+    ladder = _ladder(min_free=120, release_free=740, raise_step=0.2, max_compression=0.9)
     others = [400] * 10 + [400 + 84 * k for k in range(1, 20)] + [2000] * 20 + [400] * 30
     budget = _job_bytes(0.0) + 2000 - 300  # the plain job does not fit beside the peak
     c, overdrawn, seen = 0.0, 0, []
@@ -199,29 +206,28 @@ def test_a_steady_ramp_is_met_before_the_job_overdraws() -> None:
         own = _job_bytes(c)
         overdrawn += own + other > budget
         seen.append(c)
-        ctl.model.observe(c, own)
-        reading = MemoryReading(total=budget, free=max(0, budget - own - other), source="budget")
-        c = ctl.decide(reading, c).compression
+        ladder.compression_memory.observe(c, own)
+        c = _decide(ladder, max(0, budget - own - other), c, total=budget)
     assert overdrawn == 0
     assert 0.4 <= max(seen) <= 0.75  # needed at the peak: 0.4, the first stair that keeps min_free
     assert seen[-1] == 0.0  # given back after the co-tenant left
 
 
 def test_surprise_and_trend_survive_a_checkpoint_and_are_forgotten_after_a_foreign_change() -> None:
-    ctl = CompressionController(min_free=100, release_free=400, margin=0.0)
-    ctl.model.observe(0.0, 1000)
-    ctl.model.observe(0.5, 600)
-    ctl.decide(MemoryReading(total=TOTAL, free=300, source="scripted"), 0.2)  # hold
-    ctl.decide(MemoryReading(total=TOTAL, free=250, source="scripted"), 0.2)  # others took 50
-    decision = ctl.decide(MemoryReading(total=TOTAL, free=90, source="scripted"), 0.2)
+    ladder = _ladder(min_free=100, release_free=400, margin=0.0)
+    ladder.compression_memory.observe(0.0, 1000)
+    ladder.compression_memory.observe(0.5, 600)
+    _decide(ladder, 300, 0.2)  # hold
+    _decide(ladder, 250, 0.2)  # others took 50
+    decision = ladder.decide(MemoryReading(total=TOTAL, free=90, source="scripted"), Setting(0, 0.2))
     assert decision.reason == "raise" and decision.compression > 0.2
     raised = Setting(0, decision.compression)
-    ctl.model.observe(raised.compression, 900)  # more than predicted: a surprise
-    copy = CompressionController(min_free=100, release_free=400, margin=0.0)
-    copy.load_state_dict(ctl.state_dict())
-    assert copy.ladder.surprise(raised) == ctl.ladder.surprise(raised) > 0
-    assert copy.state_dict() == ctl.state_dict()
+    ladder.compression_memory.observe(raised.compression, 900)  # more than predicted: a surprise
+    copy = _ladder(min_free=100, release_free=400, margin=0.0)
+    copy.load_state_dict(ladder.state_dict())
+    assert copy.surprise(raised) == ladder.surprise(raised) > 0
+    assert copy.state_dict() == ladder.state_dict()
     assert copy.state_dict()["growth"] == [50.0, 160.0]
-    copy.notify_change()
-    assert copy.ladder.surprise(raised) == 0.0
+    copy.on_outside_change()
+    assert copy.surprise(raised) == 0.0
     assert copy.state_dict()["last"] is None and copy.state_dict()["growth"] == [None, None]
