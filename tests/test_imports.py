@@ -373,3 +373,101 @@ def test_the_ladder_and_tenants_rooms_need_no_torch() -> None:
             assert not third_party & {"torch", "lightning", "numpy"}, f"{name} imports {third_party}"
             inner = {t.split(".")[1] for t in _graph()[name]}
             assert inner <= {"ladder", "tenants", "utils"}, f"{name} imports {inner}"
+
+
+# The controller's state changes only through its methods named for events, each called from one
+# place in the package (outside ladder/); every other public method only reads.
+CONTROLLER_EVENTS = {
+    "decide",  # a check
+    "load_state_dict",  # a resumed run
+    "observe",  # a measured step: its peak
+    "observe_time",  # a measured step: its time
+    "on_continuum_chosen",  # where the compression continuum runs, once the units are known
+    "on_oom",  # an out-of-memory error
+    "on_outside_change",  # a change the controller did not decide
+    "on_ranks_agreed",  # the ranks agreed on the top rung and the continuum
+    "on_stages_measured",  # the stages measured (or only counted)
+}
+CONTROLLER_QUERIES = {
+    "clamp",
+    "idle_from",
+    "lossy",
+    "lossy_rung",
+    "make_room",
+    "peak_noise",
+    "peer_memory",
+    "predict",
+    "predict_rung",
+    "slowdown",
+    "spare",
+    "state_dict",
+    "surprise",
+}
+
+
+def _is_controller(node: ast.expr) -> bool:
+    """Whether ``node`` names a ladder controller: ``controller`` or ``<anything>.controller``."""
+    return (isinstance(node, ast.Name) and node.id == "controller") or (
+        isinstance(node, ast.Attribute) and node.attr == "controller"
+    )
+
+
+def _controller_uses(source: str) -> tuple[list[str], list[str]]:
+    """The controller attributes ``source`` writes (assigns, augments or deletes), and the
+    controller methods it calls, by name (a name once per call site)."""
+    writes, calls = [], []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = list(node.targets)
+        for target in targets:
+            for leaf in ast.walk(target):
+                if isinstance(leaf, ast.Attribute) and _is_controller(leaf.value):
+                    writes.append(leaf.attr)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and _is_controller(node.func.value)
+        ):
+            calls.append(node.func.attr)
+    return writes, calls
+
+
+def test_controller_use_finder() -> None:
+    source = (
+        "self.controller.top = 3\n"
+        "a.controller.peer_memory, b = 1, 2\n"
+        "controller.oom_floor += 1\n"
+        "x = self.controller.top\n"
+        "self.controller.decide(r, s)\n"
+        "controller.predict(s)\n"
+    )
+    assert _controller_uses(source) == (["top", "peer_memory", "oom_floor"], ["decide", "predict"])
+
+
+def test_the_controller_is_changed_only_by_its_events_from_one_place() -> None:
+    """Outside ``ladder/`` no module writes a controller attribute, and each event method of the
+    controller is called from one place (the callback that feeds it)."""
+    from lightning_bandlimit.ladder import LadderController
+
+    public = {name for name in dir(LadderController) if not name.startswith("_")}
+    assert public == CONTROLLER_EVENTS | CONTROLLER_QUERIES, (
+        "classify each public LadderController method as an event (changes state) or a query: "
+        f"{sorted(public ^ (CONTROLLER_EVENTS | CONTROLLER_QUERIES))}"
+    )
+    written, called = {}, {}
+    for name, path in _modules().items():
+        if name.startswith(f"{PACKAGE}.ladder"):
+            continue
+        writes, calls = _controller_uses(path.read_text())
+        if writes:
+            written[name] = writes
+        for method in calls:
+            called.setdefault(method, []).append(name)
+    assert not written, f"controller state written outside ladder/: {written}"
+    twice = {m: places for m, places in called.items() if m in CONTROLLER_EVENTS and len(places) > 1}
+    assert not twice, f"controller events called from more than one place: {twice}"

@@ -5,6 +5,7 @@
 * :mod:`.reasons`: why a decision was taken, and its logged code.
 * :mod:`.memory_model`: peak memory against compression, learned online.
 * :mod:`.learned`: what the ladder measured per rung and compression, and its predictions.
+* :mod:`.growth`: others' memory growth between checks, and the trend expected of it.
 * :mod:`.controller`: :class:`LadderController`, the decisions (pressure, hold, release, an
   out-of-memory retry; one escalation path); with ``rungs=0`` the compression-only ladder.
 

@@ -194,7 +194,7 @@ def test_compression_lever_only_never_checkpoints(tmp_path: Path) -> None:
     assert {d["checkpointed_units"] for d in callback.decisions} == {0}
     assert set(spy.checkpointed.values()) == {0}
     compressions = [d["compression"] for d in callback.decisions]
-    assert compressions[5] == pytest.approx(0.3)  # raise_step on the first pressure check, as before
+    assert compressions[5] == pytest.approx(0.3)  # raise_step on the first pressure check
     assert compressions[-1] == 0.0
     assert callback.controller.rungs == 0 and callback.controller.stage_savings is None
     assert spy.final_state is not None and spy.final_state["stages"] is None

@@ -153,7 +153,7 @@ def test_an_arriving_job_announces_itself_waits_for_room_and_measures_on_its_top
     assert time.monotonic() - began > 0.3  # it waited for the room
     assert steps.checkpointed[0] == 8 and adaptive.decisions[0]["rung"] == 4  # measured on its top rung
     alone, plain = _arrive(tmp_path / "b", SharedDevice(tmp_path / "alone", job="b-job"))
-    assert plain.checkpointed[0] == 0 and alone.decisions[0]["rung"] == 0  # alone: on rung 0, as before
+    assert plain.checkpointed[0] == 0 and alone.decisions[0]["rung"] == 0  # alone: on rung 0
     # what each stage frees, unseen on the top rung, comes from the first step's samples: at least
     # what the plain first step measured alone (and at most that plus the stages' inputs)
     sampled, seen_plain = adaptive.controller.stage_savings, alone.controller.stage_savings

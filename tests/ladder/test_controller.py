@@ -319,7 +319,7 @@ def test_on_oom_without_a_lossy_lever_or_without_rungs() -> None:
     assert exact.on_oom(Setting(4, 0.0)) == Setting(4, 0.0)  # nothing more to give
     assert exact.oom_floor == 0.0
     lossy = _ladder(rungs=0)
-    assert lossy.on_oom(FLOOR) == Setting(0, 0.2)  # compression only: raise_step, as before
+    assert lossy.on_oom(FLOOR) == Setting(0, 0.2)  # compression only: raise_step
     assert lossy.oom_floor == 0.2
 
 

@@ -289,7 +289,7 @@ def test_while_a_peer_arrives_nothing_is_given_back_nor_compressed() -> None:
         calm, Setting(2, 0.0), _tenant("a"), [_tenant("b", arriving=True)], 0.0, ladder
     )
     assert stays == calm and room == ("b",)
-    # its own raise goes through the rule as before, no room confirmed
+    # its own raise goes through Coordination.decide instead: returned unchanged, no room confirmed
     assert rule.arrivals(RAISE, FLOOR, _tenant("a"), [newcomer], 0.0, ladder) == (RAISE, (), None)
     assert rule.arrivals(release, FLOOR, _tenant("a"), [_tenant("b")], 0.0, ladder) == (release, (), None)
 
