@@ -14,11 +14,11 @@ from typing_extensions import override
 from lightning_bandlimit.callbacks.band_limit import BandLimit
 from lightning_bandlimit.callbacks.ladder_decisions import (
     Coordinator,
+    ProbeReader,
     StepPeak,
     decision_record,
     describe_change,
     log_decision,
-    read_job,
 )
 from lightning_bandlimit.callbacks.ladder_events import LadderEvents
 from lightning_bandlimit.callbacks.ladder_stages import ExactRungs, describe_stages, find_stages
@@ -30,7 +30,7 @@ from lightning_bandlimit.layers.batchnorm import Forward
 from lightning_bandlimit.layers.surgery import Patterns, normalize_patterns
 from lightning_bandlimit.memory.probes import auto_probe
 from lightning_bandlimit.memory.process import release_cached_memory
-from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable
+from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading
 from lightning_bandlimit.utils.validation import check_choice, check_compression, check_int, check_selection
 
 LEVERS = ("checkpoint", "compression")
@@ -206,6 +206,7 @@ class AdaptiveBandLimit(BandLimit):
         self._events = LadderEvents(self.controller)  # the one place the controller is changed
         self._rungs = ExactRungs(None)
         self._peak = StepPeak()
+        self._reader = ProbeReader(type(self).__name__)
         self._device: torch.device | None = None
         self._guarded: pl.LightningModule | None = None
         self._last_check = -1
@@ -350,15 +351,12 @@ class AdaptiveBandLimit(BandLimit):
         self._apply(trainer, pl_module, decision, peak)
 
     def _read(self) -> tuple[MemoryReading, int | None] | None:
-        """:func:`~.ladder_decisions.read_job`; ``None`` (said once) if the probe stopped working."""
-        try:
-            return read_job(self.probe, self._device, self._peak.bytes)  # type: ignore[arg-type]
-        except ProbeUnavailable as error:
-            rank_zero_warn(
-                f"AdaptiveBandLimit: the memory probe stopped working ({error}); the levers stay as they are"
-            )
+        """:class:`~.ladder_decisions.ProbeReader`: ``None`` (said once per cause) if the probe
+        failed, the check skipped; after ``PROBE_FAILURES_TO_STOP`` in a row, read no more."""
+        read = self._reader.read(self.probe, self._device, self._peak.bytes)  # type: ignore[arg-type]
+        if self._reader.stopped:
             self.probe = None
-            return None
+        return read
 
     def _apply(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: Decision, peak: int | None

@@ -1,7 +1,9 @@
 """What :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` decides from and what it keeps.
 
 * What a check reads (:func:`read_job`): free memory and the job's own peak (metered on the
-  step by :class:`StepPeak` where the probe does not measure the job).
+  step by :class:`StepPeak` where the probe does not measure the job); a probe that fails, in
+  any way, skips that check and, :data:`PROBE_FAILURES_TO_STOP` checks in a row, is read no
+  more (:class:`ProbeReader`).
 * Under DDP the ranks agree on the inputs of a decision (:func:`agree_across_ranks`,
   :class:`Agreed`), so their controllers, fed the same, take the same decision on the same step.
 * Each decision (and each out-of-memory retry) is kept as a record (:func:`decision_record`) in
@@ -15,11 +17,20 @@ from typing import Any, NamedTuple, Protocol
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.reasons import REASON_CODES
 from lightning_bandlimit.ladder.setting import Decision, Setting
-from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading, ProbeUnavailable
+from lightning_bandlimit.memory.protocol import (
+    InvalidReading,
+    MemoryProbe,
+    MemoryReading,
+    ProbeUnavailable,
+    check_process_memory,
+    check_reading,
+    describe_error,
+)
 from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.utils.units import MIB
 
@@ -27,14 +38,24 @@ __all__ = [
     "Agreed",
     "Coordinated",
     "Coordinator",
+    "PROBE_FAILURES_TO_STOP",
+    "ProbeReader",
     "StepPeak",
     "agree_across_ranks",
     "decision_record",
     "describe_change",
     "held_bytes",
     "log_decision",
+    "process_memory",
     "read_job",
 ]
+
+# Checks in a row with a failing probe after which it is read no more. One failure is often
+# passing (a driver call interrupted, a /proc or cgroup file read as it is rewritten, a custom
+# probe's bad sample): it skips only its check, the levers staying where they are. Three in a
+# row (by default 30 steps) is a probe that is broken, not unlucky: reading it on would only
+# repeat the failure at every check, and the job, whose levers stay, is no worse off without it.
+PROBE_FAILURES_TO_STOP = 3
 
 
 class Coordinated(NamedTuple):
@@ -105,9 +126,9 @@ def held_bytes(probe: MemoryProbe | None, device: torch.device | None) -> int:
     ``0`` (the metered peak is the step's saved bytes alone, or the probe stopped working)."""
     if probe is not None and probe.measures_own:
         try:
-            return int(probe.read().own or 0)
-        except ProbeUnavailable:
-            return 0  # the ladder's next check says so
+            return int(check_reading(probe.read()).own or 0)
+        except Exception:  # noqa: BLE001 -- any failing probe (ProbeReader): the ladder's next check says so
+            return 0
     if device is not None and device.type == "cuda":
         return int(torch.cuda.memory_allocated(device))
     return 0
@@ -121,14 +142,117 @@ def read_job(
     the step saved for backward (``metered_peak``).
 
     Raises:
-        ProbeUnavailable: if the probe stopped working.
+        ProbeUnavailable: if the probe stopped working (:class:`InvalidReading`: if its reading
+            fails :func:`check_reading`); a probe that breaks its protocol may raise anything.
     """
-    reading = probe.read()
+    reading = check_reading(probe.read())
     if reading.own is not None:  # the probe measured the job itself: learn what it counts
         return reading, reading.own
     if device is not None and device.type == "cuda":
         return reading, torch.cuda.max_memory_allocated(device)
     return reading, metered_peak
+
+
+class ProbeReader:
+    """Reads a job's probe at each check (:func:`read_job`), any failure of the probe (an error of
+    any type, an invalid reading) taken as :class:`ProbeUnavailable` for that check: the check is
+    skipped, said once per cause (the error's type, or the reading's problem) naming the probe
+    and the error; the ``stop_after``-th failure in a row is said once and :attr:`stopped` set,
+    so the caller reads the probe no more.
+
+    Attributes:
+        failures: the failed reads in a row, so far.
+        stopped: whether the last :meth:`read` was the ``stop_after``-th failure in a row (then
+            ``failures`` starts again from 0, for a next probe).
+
+    Example:
+        >>> import warnings
+        >>> from lightning_bandlimit.memory import ScriptedProbe
+        >>> class Flaky(ScriptedProbe):
+        ...     def read(self):
+        ...         if self.reads in (1, 3, 4, 5):
+        ...             self.reads += 1
+        ...             raise OSError("sensor busy")
+        ...         return super().read()
+        >>> reader, probe = ProbeReader("Job"), Flaky([600], total=1000)
+        >>> with warnings.catch_warnings(record=True) as said:
+        ...     warnings.simplefilter("always")
+        ...     reads = [reader.read(probe, None, None) for _ in range(6)]
+        >>> [r is not None for r in reads], reader.stopped
+        ([True, False, True, False, False, False], True)
+        >>> for warning in said:  # doctest: +ELLIPSIS
+        ...     print(warning.message)
+        Job: the memory probe Flaky failed (OSError: sensor busy); this check is skipped, ...
+        Job: the memory probe Flaky stopped working: 3 checks in a row failed (last: OSError: ...
+    """
+
+    def __init__(self, owner: str, stop_after: int = PROBE_FAILURES_TO_STOP) -> None:
+        self.owner = owner
+        self.stop_after = stop_after
+        self.failures = 0
+        self.stopped = False
+        self._said: set[str] = set()
+
+    def read(
+        self, probe: MemoryProbe, device: torch.device | None, metered_peak: int | None
+    ) -> tuple[MemoryReading, int | None] | None:
+        """:func:`read_job`, or ``None``: the probe failed, the check is skipped."""
+        self.stopped = False
+        try:
+            read = read_job(probe, device, metered_peak)
+        except Exception as error:  # noqa: BLE001 -- any failure of a probe is its being unavailable
+            self._failed(type(probe).__name__, error)
+            return None
+        self.failures = 0
+        return read
+
+    def _failed(self, name: str, error: Exception) -> None:
+        self.failures += 1
+        if self.failures >= self.stop_after:
+            self.failures, self.stopped = 0, True
+            rank_zero_warn(
+                f"{self.owner}: the memory probe {name} stopped working: {self.stop_after} checks in a "
+                f"row failed (last: {describe_error(error)}); it is read no more, the levers stay as they are"
+            )
+            return
+        cause = error.problem if isinstance(error, InvalidReading) else type(error).__name__
+        if cause not in self._said:
+            self._said.add(cause)
+            rank_zero_warn(
+                f"{self.owner}: the memory probe {name} failed ({describe_error(error)}); this check is "
+                "skipped, the levers stay as they are"
+            )
+
+
+def process_memory(probe: MemoryProbe) -> dict[int, int] | None:
+    """``probe.process_memory()`` checked (:func:`check_process_memory`), any failure of the probe
+    raised as :class:`ProbeUnavailable`.
+
+    Raises:
+        ProbeUnavailable: if the probe cannot list the device's processes, in any way.
+
+    Example:
+        >>> from lightning_bandlimit.memory import ScriptedProbe
+        >>> class Garbled(ScriptedProbe):
+        ...     def process_memory(self):
+        ...         return {1: -5}
+        >>> process_memory(Garbled([1], total=1))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+            ...
+        lightning_bandlimit.memory.protocol.ProbeUnavailable: the memory probe Garbled cannot list ...
+    """
+    try:
+        return check_process_memory(probe.process_memory())
+    except ProbeUnavailable as error:
+        if not isinstance(error, InvalidReading):
+            raise
+        cause: Exception = error
+    except Exception as error:  # noqa: BLE001 -- any failure of a probe is its being unavailable
+        cause = error
+    name = type(probe).__name__
+    raise ProbeUnavailable(
+        f"the memory probe {name} cannot list the device's processes ({describe_error(cause)})"
+    ) from cause
 
 
 class Agreed(NamedTuple):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +16,15 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_bandlimit.callbacks.adaptive_band_limit import AdaptiveBandLimit
-from lightning_bandlimit.callbacks.ladder_decisions import Coordinated, held_bytes
+from lightning_bandlimit.callbacks.ladder_decisions import Coordinated, held_bytes, process_memory
 from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.memory.protocol import ProbeUnavailable
 from lightning_bandlimit.tenants.arrival import Arrival, Event, Phase, advance
 from lightning_bandlimit.tenants.coordination import Coordination, offer
+from lightning_bandlimit.tenants.entries import user_ids
 from lightning_bandlimit.tenants.ledger import Ledger, Tenant, host_device
+from lightning_bandlimit.tenants.trust import bound_claims
 from lightning_bandlimit.utils.validation import check_bool, check_real
 
 __all__ = ["ARRIVAL_POLL_S", "SharedDevice"]
@@ -78,14 +82,24 @@ class SharedDevice(Callback):
         job: this job's name on the device (default: a unique one; under DDP the rank is added).
         coordinate: apply the shared rule (``False``: publish only).
         dwell: seconds after a peer's change during which a job holds.
-        patience: checks a job holds in a row under pressure before it moves anyway.
+        patience: checks a job holds in all over one shortfall (and in a row on release) before
+            it moves anyway.
         timeout: seconds after which a silent peer is taken for dead.
         arrival_timeout: the most seconds an arriving job waits for its peers to make room.
+        trusted_users: users (names or ids) besides the job's own whose ledger entries count
+            (default: the job's own user's only).
+
+    The ledger folder is untrusted input (:mod:`lightning_bandlimit.tenants.entries`): a file
+    that does not hold up is skipped and named once. A write that fails (a read-only folder, a
+    full disk) never stops the job: it says so once, decides alone meanwhile and tries again at
+    its next heartbeat. Its entry is removed at the end of the fit, on an exception and at the
+    interpreter's exit.
 
     Raises:
-        ValueError: for a negative ``dwell`` or ``arrival_timeout``, a ``patience`` below 1 or a
-            non-positive ``timeout``;
-            in ``setup``, if the trainer has no :class:`AdaptiveBandLimit`.
+        ValueError: for a negative ``dwell`` or ``arrival_timeout``, a ``patience`` below 1, a
+            non-positive ``timeout`` or a ``trusted_users`` entry that is no user;
+            in ``setup``, if the trainer has no :class:`AdaptiveBandLimit`, or if a live job of
+            another process runs under this job's name on the device (both named).
 
     Example:
         >>> import tempfile
@@ -103,13 +117,18 @@ class SharedDevice(Callback):
         patience: int = 3,
         timeout: float = 120.0,
         arrival_timeout: float = 30.0,
+        trusted_users: Iterable[str | int] | None = None,
     ) -> None:
         super().__init__()
         self.folder, self.job = Path(folder), job
+        self.trusted_users = tuple(trusted_users or ())
+        user_ids(self.trusted_users)  # a user that is none is said now
         self.coordinate = check_bool("coordinate", coordinate)
         self.timeout = check_real("timeout", timeout, minimum=0, min_open=True)
         self.arrival_timeout = check_real("arrival_timeout", arrival_timeout, minimum=0)
-        self.rule = Coordination(dwell=dwell, patience=patience)
+        self.rule = Coordination(
+            dwell, patience, arrival_timeout=self.arrival_timeout, lossy_timeout=self.timeout
+        )
         self.ledger: Ledger | None = None
         self.holds: list[dict[str, Any]] = []
         self._adaptive: AdaptiveBandLimit | None = None
@@ -117,6 +136,7 @@ class SharedDevice(Callback):
         self._said: str | None = None
         self._peers: list[Tenant] | None = None  # read for this check's decision
         self.arrival = Arrival()  # the job's state in the arrival protocol
+        self._measured: dict[int, int] = {}  # per-process memory read with the peers at this check
         self._by_process: bool | None = None  # peers measured per process (None: not known yet)
 
     @override
@@ -135,8 +155,12 @@ class SharedDevice(Callback):
         job = self.job
         if trainer.world_size > 1:
             job = f"{job or 'job'}-rank{trainer.global_rank}"
-        self.ledger = Ledger(self.folder, key, job=job, timeout=self.timeout)
+        trusted, warn = self.trusted_users, rank_zero_warn
+        ledger = Ledger(self.folder, key, job=job, timeout=self.timeout, trusted_users=trusted, warn=warn)
+        ledger.claim()  # another live job under this name: refused before training
+        self.ledger = ledger
         self._publish()
+        atexit.register(self._leave)  # the entry goes at the interpreter's exit, whatever ends the fit
 
     def _publish(self, setting: Setting | None = None) -> Tenant:
         """Write this job's entry at ``setting`` (default: the one it runs at)."""
@@ -198,6 +222,7 @@ class SharedDevice(Callback):
         assert self.ledger is not None
         self._peers = self.ledger.peers()
         measured = self._process_memory() if self._peers else {}
+        self._measured = measured
         memory = [measured.get(p.pid, p.memory) for p in self._peers]
         if any(m is None for m in memory):
             return None
@@ -205,12 +230,14 @@ class SharedDevice(Callback):
 
     def _process_memory(self) -> dict[int, int]:
         """The device's per-process memory, when the probe measures it and its process ids are
-        this job's (NVML gives the host's, which a container renumbers: then none is taken)."""
+        this job's (NVML gives the host's, which a container renumbers: then none is taken). A
+        probe failing to list them, in any way (:func:`~.ladder_decisions.process_memory`), is
+        said once and read for them no more."""
         probe = self._adaptive.probe if self._adaptive is not None else None
         if probe is None or self._by_process is False:
             return {}
         try:
-            found = probe.process_memory()
+            found = process_memory(probe)
         except ProbeUnavailable as error:
             rank_zero_warn(f"SharedDevice: {error}; peers count at the memory they published")
             self._by_process = False
@@ -233,12 +260,17 @@ class SharedDevice(Callback):
         """The check's decision after the shared rule (what ``AdaptiveBandLimit`` applies), and
         whether it is a change the ladder did not decide (room made for an arrival, a refit)."""
         assert self.ledger is not None
-        peers, self._peers = self._peers if self._peers is not None else self.ledger.peers(), None
+        read = self._peers is not None  # by peer_memory, with the device's per-process memory
+        peers, self._peers = self._peers if read else self.ledger.peers(), None
+        measured = self._measured if read else {}
+        self._measured = {}  # read once: a check without peer_memory measured nothing
         if self.arrival.phase is Phase.ARRIVING:
             self.arrival = advance(self.arrival, Event.FIRST_STEP_RAN)  # measured now: arrived
         me, at = self._publish(), time.time()
         outside = False
         if self.coordinate:
+            # trust bounded: claims by what the device measures, arrivals by the time they take
+            peers = self.rule.expire(bound_claims(peers, measured), at)
             coordinated, why, outside = self._coordinate(adaptive, trainer, decision, me, peers, at)
             self._say(adaptive, trainer, decision, coordinated, why)
             decision = coordinated
@@ -345,11 +377,22 @@ class SharedDevice(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._leave()
+        if self._adaptive is not None and self._adaptive.coordinator is self:
+            self._adaptive.coordinator = None
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._leave()  # a failed fit leaves the ledger too: its peers stop counting it at once
+
+    def _leave(self) -> None:
+        """Remove the job's entry (once; a failure to remove is ignored)."""
         if self.ledger is not None:
             self.ledger.leave()
             self.ledger = None
-        if self._adaptive is not None and self._adaptive.coordinator is self:
-            self._adaptive.coordinator = None
+        atexit.unregister(self._leave)
 
     @override
     def state_dict(self) -> dict[str, Any]:

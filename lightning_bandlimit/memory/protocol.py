@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import abc
+import math
 import operator
 from dataclasses import dataclass
 from types import TracebackType
@@ -19,7 +20,16 @@ from typing_extensions import Self
 
 from lightning_bandlimit.utils.validation import check_int
 
-__all__ = ["MemoryProbe", "MemoryReading", "ProbeUnavailable", "as_bytes", "describe_error"]
+__all__ = [
+    "InvalidReading",
+    "MemoryProbe",
+    "MemoryReading",
+    "ProbeUnavailable",
+    "as_bytes",
+    "check_process_memory",
+    "check_reading",
+    "describe_error",
+]
 
 
 def as_bytes(name: str, value: Any, *, minimum: int | None = None) -> int:
@@ -104,11 +114,92 @@ class ProbeUnavailable(RuntimeError):
     """
 
 
+class InvalidReading(ProbeUnavailable):
+    """A probe's reading a decision cannot use (:func:`check_reading`): taken as the probe being
+    unavailable for that check.
+
+    Attributes:
+        problem: what is wrong, without the values (``"free is more than total"``): the same
+            problem on later readings is the same cause.
+    """
+
+    def __init__(self, problem: str, detail: str) -> None:
+        super().__init__(f"invalid reading: {problem} ({detail})")
+        self.problem = problem
+
+
+def _bytes_problem(name: str, value: Any) -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{name} is not finite"
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"{name} is not an integer"
+    return f"{name} is negative" if value < 0 else None
+
+
+def check_reading(reading: Any) -> MemoryReading:
+    """``reading`` if a decision can use it: a :class:`MemoryReading` of integer bytes with
+    ``total > 0``, ``0 <= free <= total`` and ``own`` ``None`` or ``>= 0``. A probe may return
+    anything (a custom one, or a reading built past :class:`MemoryReading`'s own checks).
+
+    Raises:
+        InvalidReading: otherwise.
+
+    Example:
+        >>> check_reading(MemoryReading(total=1000, free=250, source="scripted")).free
+        250
+        >>> check_reading(MemoryReading(total=0, free=0, source="scripted"))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+            ...
+        lightning_bandlimit.memory.protocol.InvalidReading: invalid reading: total is not > 0 ...
+    """
+    if not isinstance(reading, MemoryReading):
+        raise InvalidReading("not a MemoryReading", f"got a {type(reading).__name__}")
+    total, free, own = (getattr(reading, name, None) for name in ("total", "free", "own"))
+    detail = f"total={total!r}, free={free!r}" + ("" if own is None else f", own={own!r}")
+    checks = [("total", total), ("free", free)] + ([] if own is None else [("own", own)])
+    for name, value in checks:
+        if (problem := _bytes_problem(name, value)) is not None:
+            raise InvalidReading(problem, detail)
+    if total <= 0:
+        raise InvalidReading("total is not > 0", detail)
+    if free > total:
+        raise InvalidReading("free is more than total", detail)
+    return reading
+
+
+def check_process_memory(found: Any) -> dict[int, int] | None:
+    """``found`` if it is what :meth:`MemoryProbe.process_memory` promises: ``None``, or a dict
+    of integer process ids to integer bytes ``>= 0``.
+
+    Raises:
+        InvalidReading: otherwise.
+
+    Example:
+        >>> check_process_memory({12: 4096})
+        {12: 4096}
+        >>> check_process_memory({12: float("nan")})
+        Traceback (most recent call last):
+            ...
+        lightning_bandlimit.memory.protocol.InvalidReading: invalid reading: memory is not finite (process 12)
+    """
+    if found is None:
+        return None
+    if not isinstance(found, dict):
+        raise InvalidReading("process memory is not a dict", f"got a {type(found).__name__}")
+    for pid, memory in found.items():
+        if isinstance(pid, bool) or not isinstance(pid, int):
+            raise InvalidReading("process id is not an integer", f"got {type(pid).__name__}")
+        if (problem := _bytes_problem("memory", memory)) is not None:
+            raise InvalidReading(problem, f"process {pid}")
+    return found
+
+
 class MemoryProbe(abc.ABC):
     """Reads the free memory of one device. A context manager: leaving it calls :meth:`close`.
 
     Subclasses set the class attribute ``source`` and implement :meth:`read`, which raises
-    :class:`ProbeUnavailable` (never anything else) when memory cannot be measured. A probe
+    :class:`ProbeUnavailable` (never anything else) when memory cannot be measured; callers take
+    any other error, or a reading :func:`check_reading` refuses, as unavailable too. A probe
     whose readings carry the job's own memory (:attr:`MemoryReading.own`) sets
     ``measures_own = True``, so a caller need not measure the job itself.
 

@@ -15,10 +15,15 @@ waits for an answer from another):
   yet (the remedy for controllers that react to one signal out of step).
 * **On release** the lossy part goes first, across jobs (a job that would give back an exact
   rung holds while a peer is compressed), one job at a time: the most lossy first.
-* **Never overdraw to be polite**: with nothing free (over budget) a job moves at once, and after
-  ``patience`` checks held in a row it moves whatever the others offer (but an exact rung is not
-  given back while a peer compresses).
-
+* **Never overdraw to be polite**: with nothing free (over budget) a job moves at once, and once
+  it has held ``patience`` checks in total since a shortfall began (its own moves and its peers'
+  do not start the count afresh; a check without a shortfall does) it moves whatever the others
+  offer (but an exact rung is not given back while a peer compresses).
+* **Trust is bounded** (:mod:`lightning_bandlimit.tenants.trust`): a peer's claim of what its
+  next move frees counts at most what the device measures for its process; a peer seen arriving
+  for longer than its wait and first step is taken to have arrived (:meth:`Coordination.expire`),
+  whatever its heartbeat says; a lossy lever that has kept this job's exact rung for longer than
+  ``lossy_timeout`` seconds (and more than ``patience`` checks) no longer keeps it.
 * **Room for an arrival**: while a peer arrives (its first step, which measures it, not run
   yet), a job gives nothing back and makes room for it by exact rungs, one job at a time, the
   cheapest first (:meth:`Coordination.arrivals`); the newcomer's top rung, taken before anything
@@ -42,6 +47,7 @@ from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.tenants.arrival import room_needed, room_to_free
 from lightning_bandlimit.tenants.ledger import Tenant
+from lightning_bandlimit.tenants.trust import ARRIVAL_TIMEOUT_S, LOSSY_HOLD_TIMEOUT_S, Expiry
 from lightning_bandlimit.utils.units import GIB, MIB
 from lightning_bandlimit.utils.validation import check_int, check_real
 
@@ -111,10 +117,18 @@ class Coordination:
     Args:
         dwell: seconds after a peer's change during which a job holds (its effect is not in the
             readings yet).
-        patience: checks a job holds in a row under pressure before it moves anyway.
+        patience: checks a job holds in total under one shortfall before it moves anyway (on
+            release: in a row, until its own move).
+        arrival_timeout: the most seconds a newcomer waits for room: a peer this job has seen
+            arriving for longer than that and
+            :data:`~lightning_bandlimit.tenants.trust.FIRST_STEP_S` is taken to have arrived
+            (:meth:`expire`).
+        lossy_timeout: seconds a peer's lossy lever may keep this job's exact rung on release
+            (it must also have kept it more than ``patience`` checks) before it no longer does.
 
     Raises:
-        ValueError: for a negative ``dwell`` or a ``patience`` below 1.
+        ValueError: for a negative ``dwell``, ``arrival_timeout`` or ``lossy_timeout``, or a
+            ``patience`` below 1.
 
     Example:
         >>> rule = Coordination(dwell=0.0)
@@ -127,26 +141,49 @@ class Coordination:
         'raise'
     """
 
-    def __init__(self, dwell: float = 0.0, patience: int = 3) -> None:
+    def __init__(
+        self,
+        dwell: float = 0.0,
+        patience: int = 3,
+        arrival_timeout: float = ARRIVAL_TIMEOUT_S,
+        lossy_timeout: float = LOSSY_HOLD_TIMEOUT_S,
+    ) -> None:
         self.dwell = check_real("dwell", dwell, minimum=0)
         self.patience = check_int("patience", patience, minimum=1)
-        self.held_checks = 0  # checks held in a row under pressure
+        self.arrival_timeout = check_real("arrival_timeout", arrival_timeout, minimum=0)
+        self.lossy_timeout = check_real("lossy_timeout", lossy_timeout, minimum=0)
+        self.held_checks = 0  # checks held under this shortfall (out of one: in a row, on release)
+        self.short = False  # whether the last check decided was under a shortfall
+        self.expiry = Expiry()  # when peers were first seen arriving, or keeping a rung by a lossy lever
 
     def decide(
         self, decision: Decision, current: Setting, me: Tenant, peers: Sequence[Tenant], at: float
     ) -> tuple[Decision, str | None]:
         """``decision`` or a hold at ``current``, and why it was held (``None``: let through);
-        ``at``: the time of the check (the ledger's clock)."""
+        ``at``: the time of the check (the ledger's clock). Holds are counted over a whole
+        shortfall, not per move: a peer always offering a cheaper move holds the job ``patience``
+        checks in all."""
+        short = decision.free < decision.threshold
+        if short != self.short:  # a shortfall began or ended: the wait is counted afresh
+            self.held_checks, self.short = 0, short
+        self.expiry.lossy_seen({p.job for p in peers if p.lossy}, short)
         why, firm = (None, False) if not peers else self._why_hold(decision, me, peers, at)
         if why is not None and not firm:
             self.held_checks += 1
             if (decision.reason == RAISE and decision.free <= 0) or self.held_checks > self.patience:
                 why = None  # never overdraw to be polite, nor wait on a peer for ever
         if why is None:
-            if decision.reason != HOLD:
-                self.held_checks = 0
+            if decision.reason != HOLD and not short:
+                self.held_checks = 0  # a release let through; under a shortfall the count goes on
             return decision, None
         return Decision(current.rung, current.compression, HOLD, decision.free, decision.threshold), why
+
+    def expire(self, peers: Sequence[Tenant], at: float) -> list[Tenant]:
+        """``peers``, each one this job has seen arriving for longer than ``arrival_timeout`` (and a
+        first step's time) before ``at`` taken to have arrived, whatever its heartbeat says: an
+        entry claiming to arrive for ever no longer stops this job giving back
+        (:meth:`~lightning_bandlimit.tenants.trust.Expiry.arrivals`)."""
+        return self.expiry.arrivals(peers, at, self.arrival_timeout)
 
     def _why_hold(
         self, decision: Decision, me: Tenant, peers: Sequence[Tenant], at: float
@@ -160,8 +197,12 @@ class Coordination:
         if decision.reason == RAISE:
             return _why_hold_raise(decision, me, peers), False
         if not me.lossy and any(p.lossy for p in peers):
-            lossy = ", ".join(p.job for p in peers if p.lossy)
-            return f"{lossy} still compress: lossy levers are given back first, across jobs", True
+            keeping = self.expiry.lossy_keeping(peers, at, self.lossy_timeout, self.patience)
+            if keeping:
+                lossy = ", ".join(keeping)
+                return f"{lossy} still compress: lossy levers are given back first, across jobs", True
+            expired = set(self.expiry.lossy_since)
+            peers = [p for p in peers if p.job not in expired]  # their turn has passed
         return _why_hold_release(me, peers), False
 
     def arrivals(
@@ -296,10 +337,11 @@ class Coordination:
         return f"{', '.join(recent)} changed within {self.dwell:g} s: not in the readings yet"
 
     def state_dict(self) -> dict[str, int]:
-        return {"held_checks": self.held_checks}
+        return {"held_checks": self.held_checks, "short": int(self.short)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.held_checks = int(state.get("held_checks", 0))
+        self.short = bool(state.get("short", False))
 
 
 def _top_memory(controller: LadderController) -> float | None:

@@ -69,8 +69,11 @@ def test_a_peers_cheaper_exact_move_is_waited_for_then_patience_ends_the_wait(tm
     adaptive = _fit(tmp_path / "b", shared)
     assert {h["held"] for h in shared.holds} == {"raise"} and all("a-peer" in h["why"] for h in shared.holds)
     assert _first_raise(adaptive) == _first_raise(alone) + 3  # it moved after three checks held
-    raises = [sum(d["reason"] == "raise" for d in cb.decisions) for cb in (adaptive, alone)]
-    assert 0 < raises[0] < raises[1]  # a peer that never moves delays the job, never stops it
+    raises = sum(d["reason"] == "raise" for d in adaptive.decisions)
+    # a peer that never moves delays the job, never stops it: patience counts over the whole
+    # shortfall, so after its three checks held the job is never held again while it is short
+    late = [h for h in shared.holds if h["step"] > _first_raise(adaptive)]
+    assert raises > 0 and not late
     assert not list(folder.glob("*/b-job.json"))  # it left the ledger at teardown
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,16 @@ def test_unreadable_and_foreign_entries_are_ignored(tmp_path: Path) -> None:
     (a.folder / "alien.json").write_text(json.dumps({"name": "not a tenant"}))
     newer = {"job": "c", "pid": 3, "heartbeat": b.last.heartbeat, "from_a_newer_version": 1}
     (a.folder / "c.json").write_text(json.dumps(newer))
-    assert [t.job for t in a.peers()] == ["b", "c"]
+    (a.folder / "a-directory.json").mkdir()
+    (a.folder / "broken.json").symlink_to(a.folder / "nowhere")
+    with pytest.warns(UserWarning, match="skipped") as said:
+        assert [t.job for t in a.peers()] == ["b", "c"]
+        assert [t.job for t in a.peers()] == ["b", "c"]  # named once
+    assert sorted(str(w.message).split("/")[-1].split(" ")[0] for w in said) == [
+        "alien.json",
+        "broken.json",
+        "half.json",
+    ]
 
 
 def test_an_entry_is_written_whole_and_round_trips(tmp_path: Path) -> None:
@@ -72,9 +82,10 @@ def test_an_entry_is_written_whole_and_round_trips(tmp_path: Path) -> None:
         held=7,
         room_for=("b",),
     )
-    assert written.job == "my_job" and a.path.parent.name == "GPU-1234_x"
+    assert written.job == "my job" and a.path.parent.name == "GPU-1234%2Fx"  # names kept, files told apart
+    assert written.run == a.run and len(a.run) == 32 and written.host and written.pid == os.getpid()
     assert Tenant.from_dict(json.loads(a.path.read_text())) == written
-    assert [p.name for p in a.folder.iterdir()] == ["my_job.json"]  # no temporary file left
+    assert [p.name for p in a.folder.iterdir()] == ["my%20job.json"]  # no temporary file left
 
 
 @pytest.mark.parametrize(("kwargs", "error"), [({"device": ""}, ValueError), ({"timeout": 0}, ValueError)])
