@@ -334,14 +334,16 @@ class AdaptiveBandLimit(BandLimit):
 
     def _check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Read, agree across ranks, decide, apply: as ``EarlyStopping`` evaluates, then acts."""
-        if self.probe is None or not self._is_check_step(trainer.global_step):
+        ddp = trainer.world_size > 1  # a rank without a reading still meets the others' collective
+        if (self.probe is None and not ddp) or not self._is_check_step(trainer.global_step):
             return
         self._last_check = trainer.global_step
-        if (read := self._read()) is None:
+        read = None if self.probe is None else self._read()
+        if ddp:
+            read = self._events.ranks_agreed(trainer.strategy, *(read or (None, None)), self._device)
+        if read is None:
             return
         reading, peak = read
-        if trainer.world_size > 1:
-            reading, peak = self._events.ranks_agreed(trainer.strategy, reading, peak, self._device)
         if peak:
             self._events.step_measured(self.setting, float(peak))
         peers = None if self.coordinator is None else self.coordinator.peer_memory()

@@ -267,17 +267,23 @@ class Agreed(NamedTuple):
 def agree_across_ranks(
     strategy: Any,
     controller: LadderController,
-    reading: MemoryReading,
+    reading: MemoryReading | None,
     peak: int | None,
     device: torch.device | None,
-) -> Agreed:
+) -> Agreed | None:
     """What every rank decides from: the least free memory and total, the largest peak, the
     lowest top rung of any rank, and the continuum on the top rung only if every rank's blocks
-    keep their spectrum. One collective (``strategy.reduce`` with ``reduce_op="max"``); the
-    caller gives the agreed top rung and continuum to its controller."""
+    keep their spectrum; ``None`` when any rank has no reading (``reading=None``: its probe
+    failed or stopped), so that every rank skips the check together. One collective
+    (``strategy.reduce`` with ``reduce_op="max"``); the caller gives the agreed top rung and
+    continuum to its controller."""
     on_top = float(controller.continuum_on_top)
-    mine = [-reading.free, -reading.total, float(peak or 0), -controller.top, -on_top]
+    failed = float(reading is None)
+    free, total = (0, 0) if reading is None else (reading.free, reading.total)
+    mine = [-free, -total, float(peak or 0), -controller.top, -on_top, failed]
     agreed = strategy.reduce(torch.tensor(mine, dtype=torch.float64, device=device), reduce_op="max").tolist()
+    if agreed[5] > 0.5 or reading is None:
+        return None
     total = int(round(-agreed[1]))
     agreed_reading = MemoryReading(
         total=total, free=min(int(round(-agreed[0])), total), source=reading.source

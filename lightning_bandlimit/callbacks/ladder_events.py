@@ -38,6 +38,7 @@ class LadderEvents:
 
     def __init__(self, controller: LadderController) -> None:
         self.controller = controller
+        self._said_skip = False  # a check skipped on every rank for one rank's probe, said
 
     def stages_measured(
         self, rungs: int, savings: list[int] | None = None, least: list[int] | None = None
@@ -61,11 +62,19 @@ class LadderEvents:
             rank_zero_info(f"AdaptiveBandLimit: {message}")
 
     def ranks_agreed(
-        self, strategy: Any, reading: MemoryReading, peak: int | None, device: torch.device | None
-    ) -> tuple[MemoryReading, int | None]:
+        self, strategy: Any, reading: MemoryReading | None, peak: int | None, device: torch.device | None
+    ) -> tuple[MemoryReading, int | None] | None:
         """What every rank decides from (:func:`~.ladder_decisions.agree_across_ranks`, one
-        collective); the agreed top rung and continuum go to the controller."""
+        collective); the agreed top rung and continuum go to the controller. ``None``: a rank had
+        no reading, every rank skips the check (said once)."""
         agreed = agree_across_ranks(strategy, self.controller, reading, peak, device)
+        if agreed is None:
+            if reading is not None and not self._said_skip:
+                rank_zero_info(
+                    "AdaptiveBandLimit: a rank's memory probe failed: every rank skips such checks"
+                )
+                self._said_skip = True
+            return None
         self.controller.on_ranks_agreed(agreed.top, agreed.continuum_on_top)
         return agreed.reading, agreed.peak
 

@@ -345,8 +345,10 @@ class _OtherRank:
 class _TwoRanks:
     world_size = 2
 
-    def __init__(self, free: int, total: int, peak: int | None, top: int, on_top: bool = False) -> None:
-        self.strategy = _OtherRank([-free, -total, float(peak or 0), -top, -float(on_top)])
+    def __init__(
+        self, free: int, total: int, peak: int | None, top: int, on_top: bool = False, failed: bool = False
+    ) -> None:
+        self.strategy = _OtherRank([-free, -total, float(peak or 0), -top, -float(on_top), float(failed)])
 
 
 def _agree(callback: AdaptiveBandLimit, trainer: _TwoRanks, reading: MemoryReading, peak: int | None):
@@ -408,6 +410,18 @@ def test_a_top_rung_a_peer_lowered_moves_the_continuum_down_with_it() -> None:
     _agree(callback, _TwoRanks(600, 1000, 300, 2, on_top=True), MemoryReading(1000, 600, "scripted"), 300)
     assert ladder.top == ladder.lossy_rung == 2
     assert ladder.compression_memory.points == {0.0: 700}
+
+
+@pytest.mark.parametrize("mine_failed", [False, True])
+def test_a_rank_without_a_reading_makes_every_rank_skip_the_check(mine_failed: bool) -> None:
+    # a probe that failed (or stopped) on one rank: that rank still meets the others' collective,
+    # and every rank skips the check (else the others would wait in the collective for ever)
+    callback = _agreeing(top=4)
+    reading = None if mine_failed else MemoryReading(total=1000, free=600, source="scripted")
+    trainer = _TwoRanks(600, 1000, 300, 2, failed=not mine_failed)
+    assert _agree(callback, trainer, reading, 300) is None  # type: ignore[arg-type]
+    assert callback.controller.top == 4  # nothing agreed: the other rank's lower top not taken
+    assert trainer.strategy.calls == [(None, "max")]  # the one collective, on both ranks
 
 
 def test_ranks_fed_the_same_inputs_take_the_same_decisions() -> None:

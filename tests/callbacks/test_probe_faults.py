@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer
+from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer, run_ddp_script
 
 from lightning_bandlimit.callbacks import AdaptiveBandLimit, SharedDevice
 from lightning_bandlimit.callbacks.ladder_decisions import PROBE_FAILURES_TO_STOP, held_bytes
@@ -228,3 +228,13 @@ def test_a_failing_process_listing_counts_peers_at_what_they_published(
     assert len(said) == 1 and "_Lister cannot list" in said[0] and cause in said[0], said
     assert probe.listed == 1 and adaptive.controller.peer_memory == 7 * M
     assert len(adaptive.decisions) == STEPS  # the ladder read on
+
+
+@pytest.mark.slow
+def test_under_ddp_one_ranks_failing_probe_makes_every_rank_skip_the_same_checks(tmp_path: Path) -> None:
+    # rank 1's probe fails at its reads 2-3, then for good from read 6 (stopped after 3 in a row):
+    # it still meets rank 0's collective at every check, so neither rank hangs, and both skip alike
+    ranks = run_ddp_script(Path(__file__).with_name("ddp_probe_fault_script.py"), tmp_path)
+    assert ranks[0]["steps"] == ranks[1]["steps"] == 12  # trained to the end on both ranks
+    assert ranks[0]["checks"] == ranks[1]["checks"] == [1, 2, 5, 6]  # reads 0, 1, 4, 5 agreed
+    assert ranks[1]["probe_stopped"] and not ranks[0]["probe_stopped"]
