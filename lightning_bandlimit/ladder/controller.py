@@ -81,18 +81,16 @@ from lightning_bandlimit.ladder.growth import OthersGrowth
 from lightning_bandlimit.ladder.learned import LadderModel
 from lightning_bandlimit.ladder.memory_model import threshold_bytes
 from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
-from lightning_bandlimit.ladder.setting import Decision, FreeMemory, Setting
+from lightning_bandlimit.ladder.setting import (
+    Decision,
+    FreeMemory,
+    Setting,
+    measured_from_state,
+    measured_state,
+)
 from lightning_bandlimit.utils.validation import check_int, check_real
 
 __all__ = ["LadderController"]
-
-
-def _saved_value(value: tuple[Setting, float] | None) -> list[float] | None:
-    return None if value is None else [value[0].rung, value[0].compression, value[1]]
-
-
-def _setting_value(saved: list[float] | None) -> tuple[Setting, float] | None:
-    return None if saved is None else (Setting(int(saved[0]), float(saved[1])), float(saved[2]))
 
 
 class LadderController(LadderModel):
@@ -430,7 +428,7 @@ class LadderController(LadderModel):
             "continuum_on_top": self.continuum_on_top,
             "calm": self._calm,
             "since_change": self._since_change,
-            "expected": _saved_value(self._expected),
+            "expected": measured_state(self._expected),
             **self._others.state_dict(),
             "peak_jitter": list(self.peak_jitter),
         }
@@ -448,7 +446,7 @@ class LadderController(LadderModel):
         self.oom_floor = float(state.get("oom_floor", self.min_compression))
         self._calm = int(state.get("calm", 0))
         self._since_change = int(state.get("since_change", self.cooldown_checks))
-        self._expected = _setting_value(state.get("expected"))
+        self._expected = measured_from_state(state.get("expected"))
         self._others.load_state_dict(state)
         self.peak_jitter.clear()
         self.peak_jitter.extend(float(j) for j in state.get("peak_jitter", []))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lightning_bandlimit.ladder.setting import FreeMemory, Setting
+from lightning_bandlimit.ladder.setting import FreeMemory, Setting, measured_from_state, measured_state
 
 __all__ = ["OthersGrowth"]
 
@@ -87,9 +87,8 @@ class OthersGrowth:
         self.__init__()  # type: ignore[misc]
 
     def state_dict(self) -> dict[str, Any]:
-        last = None if self.last is None else [self.last[0].rung, self.last[0].compression, self.last[1]]
         return {
-            "last": last,
+            "last": measured_state(self.last),
             "last_others": self.last_others,
             "last_peers": self.last_peers,
             "growth": list(self.growth),
@@ -97,8 +96,7 @@ class OthersGrowth:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        last = state.get("last")
-        self.last = None if last is None else (Setting(int(last[0]), float(last[1])), float(last[2]))
+        self.last = measured_from_state(state.get("last"))
         others, peers = state.get("last_others"), state.get("last_peers")
         self.last_others = None if others is None else float(others)
         self.last_peers = None if peers is None else float(peers)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Decision", "FreeMemory", "Setting"]
+__all__ = ["Decision", "FreeMemory", "Setting", "measured_from_state", "measured_state"]
 
 
 class FreeMemory(Protocol):
@@ -47,3 +47,18 @@ class Decision(Setting):
     @property
     def setting(self) -> Setting:
         return Setting(self.rung, self.compression)
+
+
+def measured_state(value: tuple[Setting, float] | None) -> list[float] | None:
+    """A setting and a figure measured or predicted there, as a ``state_dict`` keeps it.
+
+    Example:
+        >>> measured_state((Setting(2, 0.5), 1000.0)), measured_from_state([2, 0.5, 1000.0])
+        ([2, 0.5, 1000.0], (Setting(rung=2, compression=0.5), 1000.0))
+    """
+    return None if value is None else [value[0].rung, value[0].compression, value[1]]
+
+
+def measured_from_state(saved: list[float] | None) -> tuple[Setting, float] | None:
+    """The inverse of :func:`measured_state`."""
+    return None if saved is None else (Setting(int(saved[0]), float(saved[1])), float(saved[2]))
