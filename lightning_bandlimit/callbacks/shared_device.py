@@ -134,9 +134,9 @@ class SharedDevice(Callback):
         self._adaptive: AdaptiveBandLimit | None = None
         self._changed_at = 0.0
         self._said: str | None = None
-        self._peers: list[Tenant] | None = None  # read for this check's decision
+        # the peers and their processes' memory read for this check's decision (by peer_memory)
+        self._snapshot: tuple[list[Tenant], dict[int, int]] | None = None
         self.arrival = Arrival()  # the job's state in the arrival protocol
-        self._measured: dict[int, int] = {}  # per-process memory read with the peers at this check
         self._by_process: bool | None = None  # peers measured per process (None: not known yet)
 
     @override
@@ -220,10 +220,10 @@ class SharedDevice(Callback):
         context, cache and tensors, from before its first step), else at the peak it published.
         ``None`` when a peer's is unknown; ``0`` with no peers."""
         assert self.ledger is not None
-        self._peers = self.ledger.peers()
-        measured = self._process_memory() if self._peers else {}
-        self._measured = measured
-        memory = [measured.get(p.pid, p.memory) for p in self._peers]
+        peers = self.ledger.peers()
+        measured = self._process_memory() if peers else {}
+        self._snapshot = peers, measured
+        memory = [measured.get(p.pid, p.memory) for p in peers]
         if any(m is None for m in memory):
             return None
         return float(sum(memory))  # type: ignore[arg-type]
@@ -260,10 +260,9 @@ class SharedDevice(Callback):
         """The check's decision after the shared rule (what ``AdaptiveBandLimit`` applies), and
         whether it is a change the ladder did not decide (room made for an arrival, a refit)."""
         assert self.ledger is not None
-        read = self._peers is not None  # by peer_memory, with the device's per-process memory
-        peers, self._peers = self._peers if read else self.ledger.peers(), None
-        measured = self._measured if read else {}
-        self._measured = {}  # read once: a check without peer_memory measured nothing
+        # read once, by peer_memory; a check without it measured no process
+        peers, measured = self._snapshot if self._snapshot is not None else (self.ledger.peers(), {})
+        self._snapshot = None
         if self.arrival.phase is Phase.ARRIVING:
             self.arrival = advance(self.arrival, Event.FIRST_STEP_RAN)  # measured now: arrived
         me, at = self._publish(), time.time()
