@@ -13,7 +13,9 @@ from typing_extensions import override
 
 from lightning_bandlimit.callbacks.band_limit import BandLimit
 from lightning_bandlimit.callbacks.ladder_decisions import (
+    BaselineDrift,
     Coordinator,
+    JobMemory,
     ProbeReader,
     StepPeak,
     decision_record,
@@ -24,13 +26,14 @@ from lightning_bandlimit.callbacks.ladder_events import LadderEvents
 from lightning_bandlimit.callbacks.ladder_stages import ExactRungs, describe_stages, find_stages
 from lightning_bandlimit.callbacks.out_of_memory import free_memory, guard_fit, unguard_training_step
 from lightning_bandlimit.ladder.controller import LadderController
+from lightning_bandlimit.ladder.memory_model import threshold_bytes
 from lightning_bandlimit.ladder.reasons import OOM
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.layers.batchnorm import Forward
 from lightning_bandlimit.layers.surgery import Patterns, normalize_patterns
 from lightning_bandlimit.memory.probes import auto_probe
 from lightning_bandlimit.memory.process import release_cached_memory
-from lightning_bandlimit.memory.protocol import MemoryProbe, MemoryReading
+from lightning_bandlimit.memory.protocol import MemoryProbe
 from lightning_bandlimit.utils.validation import check_choice, check_compression, check_int, check_selection
 
 LEVERS = ("checkpoint", "compression")
@@ -74,7 +77,10 @@ class AdaptiveBandLimit(BandLimit):
     part first, then the exact rungs, so a job with no pressure runs as the plain model. The
     memory of each point is learned from the job's own peak per check (the probe's measurement
     of the job, :class:`~lightning_bandlimit.memory.SharedBudgetProbe`; else
-    ``torch.cuda.max_memory_allocated``; else bytes saved for backward); a rung not visited yet
+    ``torch.cuda.max_memory_allocated``; else bytes saved for backward), as the step's increment
+    over what the job held at the step's start where that is measured, so the job's own growth
+    between steps (a cache filling) does not count against a rung; that growth is logged
+    (``.../baseline_bytes``) and said once when it exceeds ``min_free``; a rung not visited yet
     is predicted to free nothing (what its stages keep for backward, measured in the first
     step, only hints which to try first). ``max_slowdown`` caps each rung's measured step time.
 
@@ -207,6 +213,7 @@ class AdaptiveBandLimit(BandLimit):
         self._rungs = ExactRungs(None)
         self._peak = StepPeak()
         self._reader = ProbeReader(type(self).__name__)
+        self._drift = BaselineDrift(type(self).__name__)
         self._device: torch.device | None = None
         self._guarded: pl.LightningModule | None = None
         self._last_check = -1
@@ -340,28 +347,39 @@ class AdaptiveBandLimit(BandLimit):
         self._last_check = trainer.global_step
         read = None if self.probe is None else self._read()
         if ddp:
-            read = self._events.ranks_agreed(trainer.strategy, *(read or (None, None)), self._device)
+            mine = read or JobMemory(None, None)  # type: ignore[arg-type]
+            read = self._events.ranks_agreed(
+                trainer.strategy, mine.reading, mine.peak, self._device, mine.base
+            )
         if read is None:
             return
-        reading, peak = read
+        reading, peak, base = read
         if peak:
-            self._events.step_measured(self.setting, float(peak))
+            self._events.step_measured(self.setting, float(peak), None if base is None else float(base))
+        large = threshold_bytes(self.controller.min_free, reading.total)
+        if (drift := self._drift.update(trainer.global_step, base, large)) is not None:
+            rank_zero_info(drift)
         peers = None if self.coordinator is None else self.coordinator.peer_memory()
         decision = self._events.decide(reading, self.setting, peers)
         if self.coordinator is not None:  # other memory-aware jobs on the device (SharedDevice)
             decision = self._events.coordinate(self.coordinator, self, trainer, decision)
-        self._apply(trainer, pl_module, decision, peak)
+        self._apply(trainer, pl_module, decision, peak, base)
 
-    def _read(self) -> tuple[MemoryReading, int | None] | None:
+    def _read(self) -> JobMemory | None:
         """:class:`~.ladder_decisions.ProbeReader`: ``None`` (said once per cause) if the probe
         failed, the check skipped; after ``PROBE_FAILURES_TO_STOP`` in a row, read no more."""
-        read = self._reader.read(self.probe, self._device, self._peak.bytes)  # type: ignore[arg-type]
+        read = self._reader.read(self.probe, self._device, self._peak.bytes, self._peak.base)  # type: ignore[arg-type]
         if self._reader.stopped:
             self.probe = None
         return read
 
     def _apply(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, decision: Decision, peak: int | None
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        decision: Decision,
+        peak: int | None,
+        base: int | None = None,
     ) -> None:
         previous = self.setting
         target = decision.setting
@@ -382,6 +400,7 @@ class AdaptiveBandLimit(BandLimit):
             decision.free,
             peak,
             self.controller.slowdown(self.rung),
+            base,
         )
         self.decisions.append(record)
         log_decision(pl_module, type(self).__name__, record)

@@ -1,7 +1,9 @@
 """What :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` decides from and what it keeps.
 
-* What a check reads (:func:`read_job`): free memory and the job's own peak (metered on the
-  step by :class:`StepPeak` where the probe does not measure the job); a probe that fails, in
+* What a check reads (:func:`read_job`, :class:`JobMemory`): free memory, the job's own peak
+  and what it held at that step's start (metered on the step by :class:`StepPeak` where the
+  probe does not measure the job); the growth of the latter is reported once when it is large
+  (:class:`BaselineDrift`); a probe that fails, in
   any way, skips that check and, :data:`PROBE_FAILURES_TO_STOP` checks in a row, is read no
   more (:class:`ProbeReader`).
 * Under DDP the ranks agree on the inputs of a decision (:func:`agree_across_ranks`,
@@ -36,9 +38,11 @@ from lightning_bandlimit.utils.units import MIB
 
 __all__ = [
     "Agreed",
+    "BaselineDrift",
     "Coordinated",
     "Coordinator",
     "PROBE_FAILURES_TO_STOP",
+    "JobMemory",
     "ProbeReader",
     "StepPeak",
     "agree_across_ranks",
@@ -81,13 +85,23 @@ class Coordinator(Protocol):
         rung 0 (it arrived beside peers)."""
 
 
+class JobMemory(NamedTuple):
+    """What a check reads of the device and the job (:func:`read_job`)."""
+
+    reading: MemoryReading
+    peak: int | None  # the job's peak on its last measured step(s); None: not measured
+    base: int | None = None  # what the job held at that step's start; None: not measured
+
+
 class StepPeak:
     """The job's peak on a check's step where the probe does not measure the job itself: on a
     GPU ``torch.cuda.max_memory_allocated`` from the step's start (read by :func:`read_job`),
-    else the bytes the step saved for backward, from its start to its backward.
+    with ``torch.cuda.memory_allocated`` at the start as what the job held then, else the bytes
+    the step saved for backward, from its start to its backward (an increment already).
 
     Attributes:
         bytes: the last metered peak (also what a profiling step measured); ``None``: none.
+        base: on a GPU, the bytes allocated at the metered step's start; ``None``: not metered.
 
     Example:
         >>> import torch
@@ -101,12 +115,14 @@ class StepPeak:
 
     def __init__(self) -> None:
         self.bytes: int | None = None
+        self.base: int | None = None
         self._meter: SavedTensorMeter | None = None
 
     def start(self, device: torch.device | None, exclude: Any) -> None:
         """Meter the step starting now (``exclude``: tensors not counted, e.g. the parameters)."""
         if device is not None and device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+            self.base = int(torch.cuda.memory_allocated(device))
         else:
             self._meter = SavedTensorMeter(exclude=exclude).__enter__()
 
@@ -135,11 +151,14 @@ def held_bytes(probe: MemoryProbe | None, device: torch.device | None) -> int:
 
 
 def read_job(
-    probe: MemoryProbe, device: torch.device | None, metered_peak: int | None
-) -> tuple[MemoryReading, int | None]:
-    """The device's free memory and the job's peak on its last step: the probe's measurement of
-    the job when it has one, else ``torch.cuda.max_memory_allocated`` on a GPU, else the bytes
-    the step saved for backward (``metered_peak``).
+    probe: MemoryProbe, device: torch.device | None, metered_peak: int | None, metered_base: int | None = None
+) -> JobMemory:
+    """The device's free memory, the job's peak on its last step and what it held at that step's
+    start: the probe's measurement of the job when it has one (with its
+    :attr:`~lightning_bandlimit.memory.MemoryReading.own_base`), else
+    ``torch.cuda.max_memory_allocated`` on a GPU (with ``metered_base``, what was allocated at the
+    step's start), else the bytes the step saved for backward (``metered_peak``: an increment,
+    no base).
 
     Raises:
         ProbeUnavailable: if the probe stopped working (:class:`InvalidReading`: if its reading
@@ -147,10 +166,11 @@ def read_job(
     """
     reading = check_reading(probe.read())
     if reading.own is not None:  # the probe measured the job itself: learn what it counts
-        return reading, reading.own
+        return JobMemory(reading, reading.own, reading.own_base)
     if device is not None and device.type == "cuda":
-        return reading, torch.cuda.max_memory_allocated(device)
-    return reading, metered_peak
+        peak = int(torch.cuda.max_memory_allocated(device))
+        return JobMemory(reading, peak, None if metered_base is None else min(metered_base, peak))
+    return JobMemory(reading, metered_peak)
 
 
 class ProbeReader:
@@ -194,12 +214,16 @@ class ProbeReader:
         self._said: set[str] = set()
 
     def read(
-        self, probe: MemoryProbe, device: torch.device | None, metered_peak: int | None
-    ) -> tuple[MemoryReading, int | None] | None:
+        self,
+        probe: MemoryProbe,
+        device: torch.device | None,
+        metered_peak: int | None,
+        metered_base: int | None = None,
+    ) -> JobMemory | None:
         """:func:`read_job`, or ``None``: the probe failed, the check is skipped."""
         self.stopped = False
         try:
-            read = read_job(probe, device, metered_peak)
+            read = read_job(probe, device, metered_peak, metered_base)
         except Exception as error:  # noqa: BLE001 -- any failure of a probe is its being unavailable
             self._failed(type(probe).__name__, error)
             return None
@@ -262,6 +286,7 @@ class Agreed(NamedTuple):
     peak: int | None  # the largest peak of any rank
     top: int  # the lowest top rung of any rank
     continuum_on_top: bool  # on the top rung only if on every rank
+    base: int | None = None  # the largest peak less the largest increment (None: not on every rank)
 
 
 def agree_across_ranks(
@@ -270,17 +295,21 @@ def agree_across_ranks(
     reading: MemoryReading | None,
     peak: int | None,
     device: torch.device | None,
+    base: int | None = None,
 ) -> Agreed | None:
     """What every rank decides from: the least free memory and total, the largest peak, the
-    lowest top rung of any rank, and the continuum on the top rung only if every rank's blocks
-    keep their spectrum; ``None`` when any rank has no reading (``reading=None``: its probe
-    failed or stopped), so that every rank skips the check together. One collective
-    (``strategy.reduce`` with ``reduce_op="max"``); the caller gives the agreed top rung and
-    continuum to its controller."""
+    largest step increment (peak less ``base``, what the rank held at the step's start; only
+    when every rank measured it), the lowest top rung of any rank, and the continuum on the top
+    rung only if every rank's blocks keep their spectrum; ``None`` when any rank has no reading
+    (``reading=None``: its probe failed or stopped), so that every rank skips the check
+    together. One collective (``strategy.reduce`` with ``reduce_op="max"``); the caller gives
+    the agreed top rung and continuum to its controller."""
     on_top = float(controller.continuum_on_top)
     failed = float(reading is None)
     free, total = (0, 0) if reading is None else (reading.free, reading.total)
-    mine = [-free, -total, float(peak or 0), -controller.top, -on_top, failed]
+    measured = peak is not None and base is not None
+    increment = float(peak - base) if measured else 0.0  # type: ignore[operator]
+    mine = [-free, -total, float(peak or 0), -controller.top, -on_top, failed, increment, float(not measured)]
     agreed = strategy.reduce(torch.tensor(mine, dtype=torch.float64, device=device), reduce_op="max").tolist()
     if agreed[5] > 0.5 or reading is None:
         return None
@@ -288,7 +317,11 @@ def agree_across_ranks(
     agreed_reading = MemoryReading(
         total=total, free=min(int(round(-agreed[0])), total), source=reading.source
     )
-    return Agreed(agreed_reading, int(agreed[2]) or None, int(round(-agreed[3])), -agreed[4] > 0.5)
+    peak_agreed = int(agreed[2]) or None
+    base_agreed = None
+    if agreed[7] < 0.5 and peak_agreed is not None:
+        base_agreed = max(0, peak_agreed - int(agreed[6]))
+    return Agreed(agreed_reading, peak_agreed, int(round(-agreed[3])), -agreed[4] > 0.5, base_agreed)
 
 
 def decision_record(
@@ -300,8 +333,10 @@ def decision_record(
     free: int | None = None,
     peak: int | None = None,
     slowdown: float | None = None,
+    baseline: int | None = None,
 ) -> dict[str, Any]:
-    """One entry of ``AdaptiveBandLimit.decisions``: the setting after a check, and why."""
+    """One entry of ``AdaptiveBandLimit.decisions``: the setting after a check, and why
+    (``baseline``: what the job held at its measured step's start)."""
     return {
         "step": step,
         "rung": rung,
@@ -311,12 +346,14 @@ def decision_record(
         "free_bytes": free,
         "job_peak_bytes": peak,
         "slowdown": slowdown,
+        "baseline_bytes": baseline,
     }
 
 
 def log_decision(pl_module: pl.LightningModule, name: str, record: dict[str, Any]) -> None:
     """Log a check's record as ``{name}/free_bytes``, ``.../decision``, ``.../rung``,
-    ``.../checkpointed_units`` and, when known, ``.../slowdown`` and ``.../job_peak_bytes``."""
+    ``.../checkpointed_units`` and, when known, ``.../slowdown``, ``.../job_peak_bytes`` and
+    ``.../baseline_bytes``."""
 
     def log(key: str, value: float) -> None:
         pl_module.log(f"{name}/{key}", value, on_step=True, on_epoch=False)
@@ -329,6 +366,8 @@ def log_decision(pl_module: pl.LightningModule, name: str, record: dict[str, Any
         log("slowdown", record["slowdown"])
     if record["job_peak_bytes"]:
         log("job_peak_bytes", float(record["job_peak_bytes"]))
+    if record.get("baseline_bytes") is not None:
+        log("baseline_bytes", float(record["baseline_bytes"]))
 
 
 def describe_change(step: int, previous: Setting, decision: Decision, units: int) -> str:
@@ -347,3 +386,49 @@ def describe_change(step: int, previous: Setting, decision: Decision, units: int
         f"step {step}: {', '.join(changes)} ({decision.reason}: "
         f"{decision.free / MIB:.0f} MiB free, threshold {decision.threshold / MIB:.0f} MiB)"
     )
+
+
+class BaselineDrift:
+    """The job's own baseline (what it holds between steps, at a measured step's start) over a
+    run: its growth said once, when it exceeds ``large`` bytes (the ladder's ``min_free``: the
+    headroom it keeps), with its rate. The first base seen is skipped (the run's first step
+    allocates the optimizer's state within it).
+
+    Example:
+        >>> drift = BaselineDrift("Job")
+        >>> [drift.update(step, base, large=100 * MIB) is not None for step, base in
+        ...  [(1, 800 * MIB), (2, 900 * MIB), (5, 960 * MIB), (9, 1010 * MIB), (12, 1020 * MIB)]]
+        [False, False, False, True, False]
+        >>> print(drift.message)  # doctest: +ELLIPSIS
+        Job: the job's own memory between steps grew by 110.0 MiB from step 2 to step 9 (15.71 MiB a step)...
+    """
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.first: tuple[int, int] | None = None  # (step, bytes): the first base counted
+        self.seen = 0
+        self.message: str | None = None  # said once, then kept
+
+    def update(self, step: int, base: int | None, large: float) -> str | None:
+        """A check's base at ``step``; the message when the growth first exceeds ``large``."""
+        if base is None or self.message is not None:
+            return None
+        self.seen += 1
+        if self.seen == 1:
+            return None
+        if self.first is None:
+            self.first = (step, base)
+            return None
+        growth = base - self.first[1]
+        if growth <= large or step <= self.first[0]:
+            return None
+        rate = growth / (step - self.first[0])
+        self.message = (
+            f"{self.owner}: the job's own memory between steps grew by {growth / MIB:.1f} MiB from "
+            f"step {self.first[0]} to step {step} ({rate / MIB:.2f} MiB a step), more than the "
+            f"{large / MIB:.1f} MiB the ladder keeps free (a cache filling, an allocator growing). "
+            "The ladder learns each setting from the step's increment above it, so the growth does "
+            "not count against a rung; the free memory it takes is met like any shortfall (README, "
+            '"The job\'s own drift")'
+        )
+        return self.message

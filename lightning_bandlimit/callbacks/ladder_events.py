@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_bandlimit.callbacks.ladder_decisions import Coordinator, agree_across_ranks
+from lightning_bandlimit.callbacks.ladder_decisions import Coordinator, JobMemory, agree_across_ranks
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.memory.protocol import MemoryReading
@@ -50,9 +50,10 @@ class LadderEvents:
         """Where the compression continuum runs was chosen (once the units are known)."""
         self.controller.on_continuum_chosen(on_top)
 
-    def step_measured(self, setting: Setting, peak: float) -> None:
-        """The job's peak was measured at ``setting``; a rung leaving the ladder is said."""
-        if (message := self.controller.observe(setting, peak)) is not None:
+    def step_measured(self, setting: Setting, peak: float, base: float | None = None) -> None:
+        """The job's peak was measured at ``setting`` (``base``: what it held at the step's
+        start, when measured); a rung leaving the ladder is said."""
+        if (message := self.controller.observe(setting, peak, base)) is not None:
             rank_zero_info(f"AdaptiveBandLimit: {message}")
 
     def step_timed(self, rung: int, seconds: float) -> None:
@@ -62,12 +63,17 @@ class LadderEvents:
             rank_zero_info(f"AdaptiveBandLimit: {message}")
 
     def ranks_agreed(
-        self, strategy: Any, reading: MemoryReading | None, peak: int | None, device: torch.device | None
-    ) -> tuple[MemoryReading, int | None] | None:
+        self,
+        strategy: Any,
+        reading: MemoryReading | None,
+        peak: int | None,
+        device: torch.device | None,
+        base: int | None = None,
+    ) -> JobMemory | None:
         """What every rank decides from (:func:`~.ladder_decisions.agree_across_ranks`, one
         collective); the agreed top rung and continuum go to the controller. ``None``: a rank had
         no reading, every rank skips the check (said once)."""
-        agreed = agree_across_ranks(strategy, self.controller, reading, peak, device)
+        agreed = agree_across_ranks(strategy, self.controller, reading, peak, device, base)
         if agreed is None:
             if reading is not None and not self._said_skip:
                 rank_zero_info(
@@ -76,7 +82,7 @@ class LadderEvents:
                 self._said_skip = True
             return None
         self.controller.on_ranks_agreed(agreed.top, agreed.continuum_on_top)
-        return agreed.reading, agreed.peak
+        return JobMemory(agreed.reading, agreed.peak, agreed.base)
 
     def decide(self, reading: MemoryReading, current: Setting, peer_memory: float | None = None) -> Decision:
         """A check's decision at ``current``, the peers' memory (``SharedDevice``) given."""

@@ -42,7 +42,8 @@ class SharedBudget(Callback):
 
     :attr:`probe` (``None`` without a budget) reads the budget's free memory for an
     :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit`: ``budget`` minus the job's
-    largest step peak since the previous reading minus the co-tenant's resident set. Put this
+    largest step peak since the previous reading minus the co-tenant's resident set; with it, the
+    job's resident set at the start of that step (:attr:`MemoryReading.own_base`). Put this
     callback before the ``AdaptiveBandLimit`` in the callbacks list, so each step is measured
     before the check that reads it.
 
@@ -90,18 +91,24 @@ class SharedBudget(Callback):
         self.timeline: list[dict[str, Any]] = []
         self._total_steps = 1
         self._since_read = 0
+        self._since_read_start = 0  # the resident set at the start of that step
         self._step_cotenant = 0
         self._step_start = 0
         self._peak_resets = True
         self.probe: SharedBudgetProbe | None = (
             None
             if budget is None
-            else SharedBudgetProbe(budget, own=self._own_since_read, others=self._others)
+            else SharedBudgetProbe(
+                budget, own=self._own_since_read, others=self._others, own_base=self._start_since_read
+            )
         )
 
     def _own_since_read(self) -> int:
         own, self._since_read = self._since_read or resident_bytes(), 0
         return own
+
+    def _start_since_read(self) -> int:
+        return self._since_read_start if self._since_read else resident_bytes()
 
     def _others(self) -> int:
         return (self.cotenant.resident if self.cotenant is not None else 0) + self._peer_bytes()
@@ -146,7 +153,8 @@ class SharedBudget(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         job = peak_resident_bytes() if self._peak_resets else resident_bytes()
-        self._since_read = max(self._since_read, job)
+        if job >= self._since_read:
+            self._since_read, self._since_read_start = job, min(self._step_start, job)
         band = next((cb for cb in trainer.callbacks if isinstance(cb, BandLimit)), None)
         over = self.budget is not None and job + self._step_cotenant + self._step_peers > self.budget
         self.timeline.append(

@@ -17,8 +17,7 @@ A job's memory levers form a ladder of settings, least lossy first:
 The controller is plain Python (no Lightning, no torch). Its state changes only through its
 methods, each named for the event it takes: a measured step (:meth:`~LadderModel.observe`,
 :meth:`~LadderModel.observe_time`), the stages measured or counted
-(:meth:`~LadderModel.on_stages_measured`, :meth:`~LadderModel.on_stages_counted`,
-:meth:`~LadderModel.on_continuum_chosen`), the ranks agreeing
+(:meth:`~LadderModel.on_stages_measured`, :meth:`~LadderModel.on_continuum_chosen`), the ranks agreeing
 (:meth:`~LadderModel.on_ranks_agreed`), a check (:meth:`LadderController.decide`, fed one
 :class:`~lightning_bandlimit.ladder.setting.FreeMemory` reading and the memory of peers), a change
 it did not decide (:meth:`LadderController.on_outside_change`) and an out-of-memory error
@@ -30,7 +29,9 @@ it did not decide (:meth:`LadderController.on_outside_change`) and an out-of-mem
   plus the *trend*: others' growth over each of the last two checks (the total less the free
   bytes and the job's own measured peak, so it is seen while the job changes its setting too),
   expected once more, so a sustained ramp is met ahead and a single jump is not counted twice).
-  A rung's memory is what the job measured on it at the step's peak; a rung not visited yet is
+  A rung's memory is what the job measured on it at the step's peak, over the job's baseline
+  (what it holds between steps, :class:`~lightning_bandlimit.ladder.learned.LadderModel`): the
+  baseline may grow, the increment is the rung's; a rung not visited yet is
   predicted conservatively, as freeing nothing over the measured rung below it, wherever the
   ladder relies on a prediction (to stop climbing, to compress, to release). Which unvisited
   rung to try first is hinted by the bytes its stages keep for backward (measured once,
@@ -392,6 +393,11 @@ class LadderController(LadderModel):
                 return rung
         return None
 
+    def _shift(self, delta: float) -> None:
+        super()._shift(delta)
+        if self._expected is not None:  # a prediction is of the increment too
+            self._expected = (self._expected[0], self._expected[1] + delta)
+
     def on_outside_change(self) -> None:
         """A change this controller did not decide (the jobs' shared rule, an out-of-memory
         retry): the cooldown restarts, and its last prediction and trend no longer hold."""
@@ -431,6 +437,7 @@ class LadderController(LadderModel):
             "expected": measured_state(self._expected),
             **self._others.state_dict(),
             "peak_jitter": list(self.peak_jitter),
+            "baseline": self.baseline,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -450,6 +457,8 @@ class LadderController(LadderModel):
         self._others.load_state_dict(state)
         self.peak_jitter.clear()
         self.peak_jitter.extend(float(j) for j in state.get("peak_jitter", []))
+        baseline = state.get("baseline")
+        self.baseline = None if baseline is None else float(baseline)  # the learned peaks' baseline
         if saved_rungs != self.rungs:
             return
         self.top = min(int(state.get("top", self.rungs)), self.rungs)

@@ -2,6 +2,13 @@
 compression of the continuum, each rung's step time, the top rung still on the ladder, and the
 predictions made from them (conservative where nothing was measured).
 
+A setting's memory is what the setting changes: the step's increment, its peak less what the
+job held at the step's start (its **baseline**: parameters, optimizer state, data caches),
+where the measurement gives that start. The baseline is a separate term, allowed to grow (a
+cache filling through the first epoch, an allocator growing): every learned peak is the
+increment measured at its setting on the latest baseline, so a rung measured while the
+baseline was lower is not judged against one measured after it grew (:meth:`LadderModel.observe`).
+
 :class:`~lightning_bandlimit.ladder.controller.LadderController` decides from it; it is plain
 Python (no torch, no Lightning).
 """
@@ -46,9 +53,12 @@ class LadderModel:
 
     Example:
         >>> model = LadderModel(rungs=2)
-        >>> model.observe(Setting(0, 0.0), 1000); model.observe(Setting(2, 0.0), 600)
+        >>> model.observe(Setting(0, 0.0), 1000, base=400); model.observe(Setting(2, 0.0), 600, base=400)
         >>> model.predict(Setting(1, 0.0)), model.predict(Setting(2, 0.0))  # rung 1: as rung 0
         (1000, 600)
+        >>> model.observe(Setting(2, 0.0), 650, base=450)  # the baseline grew by 50: every peak with it
+        >>> model.predict(Setting(0, 0.0)), model.predict(Setting(2, 0.0)), model.baseline
+        (1050.0, 650.0, 450.0)
     """
 
     def __init__(
@@ -77,6 +87,10 @@ class LadderModel:
         self.stage_least: list[float] | None = None  # and the least it may free (the idle judgement)
         self.observations = 0  # observations so far (in this process)
         self.last_observation: tuple[Setting, float] | None = None  # the last one, as measured
+        # what the job held at the start of the last measured step whose start was measured
+        # (bytes; None: never measured): the learned peaks are those on this baseline
+        self.baseline: float | None = None
+        self._last_increment: float | None = None  # the last observation's peak over its baseline
         # |change| of the peak between consecutive checks at one setting, the last few
         self.peak_jitter: deque[float] = deque(maxlen=_JITTER_CHECKS)
 
@@ -155,9 +169,15 @@ class LadderModel:
         """The rung the compression continuum runs on."""
         return self.top if self.continuum_on_top else 0
 
-    def observe(self, setting: Setting, peak_bytes: float) -> str | None:
-        """The job's peak memory measured at ``setting``; returns a message when rungs leave the
-        ladder for freeing nothing measured (see the module docstring)."""
+    def observe(self, setting: Setting, peak_bytes: float, base: float | None = None) -> str | None:
+        """The job's peak memory measured at ``setting`` (``base``: what the job held at the
+        step's start, when measured); returns a message when rungs leave the ladder for freeing
+        nothing measured (see the module docstring).
+
+        A measured ``base`` other than :attr:`baseline` moves every learned peak with it
+        (:meth:`_rebase`): what a setting needs is its increment over the baseline, which the
+        job's own drift does not move, so settings measured at different times compare by what
+        they change, and the idle judgement with them."""
         message = None
         previous = self.last_observation
         again = previous is not None and previous[0] == setting
@@ -166,15 +186,33 @@ class LadderModel:
         # takes its place, and their difference is not the peak's noise
         replace = again and self.observations == 1
         self.observations += 1
+        increment = None
+        if base is not None:
+            self._rebase(float(base))
+            increment = float(peak_bytes) - float(base)
         if again and not replace:
-            self.peak_jitter.append(abs(float(peak_bytes) - previous[1]))  # type: ignore[index]
+            if increment is not None and self._last_increment is not None:
+                self.peak_jitter.append(abs(increment - self._last_increment))
+            else:
+                self.peak_jitter.append(abs(float(peak_bytes) - previous[1]))  # type: ignore[index]
         self.last_observation = (setting, float(peak_bytes))
+        self._last_increment = increment
         if setting.compression <= self.min_compression:
             self.rung_memory.observe(setting.rung, peak_bytes, replace=replace)
             message = self._drop_idle_rungs(setting.rung)
         if setting.rung == self.lossy_rung:
             self.compression_memory.observe(setting.compression, peak_bytes, replace=replace)
         return message
+
+    def _rebase(self, base: float) -> None:
+        """The job holds ``base`` bytes between steps now: every learned peak moves by the change."""
+        if self.baseline is not None and base != self.baseline:
+            self._shift(base - self.baseline)
+        self.baseline = base
+
+    def _shift(self, delta: float) -> None:
+        self.rung_memory.shift(delta)
+        self.compression_memory.shift(delta)
 
     @property
     def peak_noise(self) -> float:

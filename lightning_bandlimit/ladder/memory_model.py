@@ -46,6 +46,10 @@ class MemoryModel:
         keep = old is None or replace
         self.points[key] = peak_bytes if keep else old + self.smoothing * (peak_bytes - old)  # type: ignore[operator]
 
+    def shift(self, delta: float) -> None:
+        """Every point moved by ``delta`` bytes (the job's baseline moved under them)."""
+        self.points = {c: m + delta for c, m in self.points.items()}
+
     def predict(self, compression: float) -> float | None:
         """Predicted peak bytes at ``compression``; ``None`` until two compressions were seen,
         or while the memory seen does not fall with compression."""

@@ -23,6 +23,9 @@ class SharedBudgetProbe(MemoryProbe):
         own: returns this job's memory in bytes now (e.g. its peak resident set since the last
             call, as :class:`~lightning_bandlimit.callbacks.SharedBudget` measures it).
         others: returns the co-tenants' memory in bytes now (e.g. their resident sets).
+        own_base: returns what the job held at the start of the step whose peak ``own()``
+            returns (:attr:`MemoryReading.own_base`); called before ``own``, which may reset
+            what both read. ``None``: not measured.
 
     Raises:
         TypeError: if ``budget`` is not an integer number of bytes.
@@ -37,7 +40,7 @@ class SharedBudgetProbe(MemoryProbe):
     Example:
         >>> probe = SharedBudgetProbe(1000, own=lambda: 600, others=lambda: 300)
         >>> probe.read()
-        MemoryReading(total=1000, free=100, source='budget', own=600)
+        MemoryReading(total=1000, free=100, source='budget', own=600, own_base=None)
         >>> SharedBudgetProbe(1000, own=lambda: 800, others=lambda: 300).read().free
         0
     """
@@ -45,13 +48,20 @@ class SharedBudgetProbe(MemoryProbe):
     source = "budget"
     measures_own = True
 
-    def __init__(self, budget: int, own: Callable[[], int], others: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        budget: int,
+        own: Callable[[], int],
+        others: Callable[[], int],
+        own_base: Callable[[], int] | None = None,
+    ) -> None:
         budget = as_bytes("budget", budget, minimum=1)
-        self.budget, self.own, self.others = budget, own, others
+        self.budget, self.own, self.others, self.own_base = budget, own, others, own_base
 
     def read(self) -> MemoryReading:
         self._ensure_open()
         try:
+            base = None if self.own_base is None else int(self.own_base())
             own = int(self.own())
             used = own + int(self.others())
         except OSError as error:
@@ -59,7 +69,8 @@ class SharedBudgetProbe(MemoryProbe):
                 f"SharedBudgetProbe cannot measure the processes' memory ({error})"
             ) from error
         free = min(self.budget, max(0, self.budget - used))
-        return MemoryReading(total=self.budget, free=free, source=self.source, own=own)
+        base = None if base is None else min(base, own)  # a peak read after the step can lag its start
+        return MemoryReading(total=self.budget, free=free, source=self.source, own=own, own_base=base)
 
     def __repr__(self) -> str:
         return f"SharedBudgetProbe(budget={self.budget})"

@@ -113,7 +113,7 @@ class NVMLProbe(MemoryProbe):
     Example:
         >>> probe = NVMLProbe("cuda:0")  # doctest: +SKIP
         >>> probe.read()  # doctest: +SKIP
-        MemoryReading(total=85520809984, free=60129542144, source='nvml', own=None)
+        MemoryReading(total=85520809984, free=60129542144, source='nvml', own=None, own_base=None)
         >>> probe.close()  # doctest: +SKIP
     """
 

@@ -64,10 +64,16 @@ class MemoryReading:
         own: bytes of ``total - free`` that this job itself uses, when the probe can tell them
             apart from other processes' (:class:`~lightning_bandlimit.memory.SharedBudgetProbe`
             does); ``None`` otherwise.
+        own_base: of ``own``, the bytes the job held at the start of the step whose peak
+            ``own`` is: what it holds between steps (parameters, optimizer state, data caches),
+            when the probe measures it (``None`` otherwise). ``own - own_base`` is the step's
+            increment, which the job's own drift (a cache filling, an allocator growing) does
+            not move: the ladder learns its settings from it.
 
     Raises:
-        TypeError: if ``total``, ``free`` or ``own`` is not an integer.
-        ValueError: unless ``0 <= free <= total`` and ``own >= 0``.
+        TypeError: if ``total``, ``free``, ``own`` or ``own_base`` is not an integer.
+        ValueError: unless ``0 <= free <= total``, ``own >= 0`` and ``0 <= own_base <= own``
+            (``own_base`` only with ``own``).
 
     Example:
         >>> reading = MemoryReading(total=1000, free=250, source="scripted")
@@ -83,6 +89,7 @@ class MemoryReading:
     free: int
     source: str
     own: int | None = None
+    own_base: int | None = None
 
     def __post_init__(self) -> None:
         total = as_bytes("MemoryReading.total", self.total)
@@ -93,6 +100,14 @@ class MemoryReading:
         object.__setattr__(self, "free", free)
         if self.own is not None:
             object.__setattr__(self, "own", as_bytes("MemoryReading.own", self.own, minimum=0))
+        if self.own_base is not None:
+            base = as_bytes("MemoryReading.own_base", self.own_base, minimum=0)
+            if self.own is None or base > self.own:
+                raise ValueError(
+                    f"MemoryReading needs own_base <= own (the step's start within its peak), got "
+                    f"own_base={base}, own={self.own}"
+                )
+            object.__setattr__(self, "own_base", base)
 
     @property
     def used(self) -> int:
@@ -138,7 +153,8 @@ def _bytes_problem(name: str, value: Any) -> str | None:
 
 def check_reading(reading: Any) -> MemoryReading:
     """``reading`` if a decision can use it: a :class:`MemoryReading` of integer bytes with
-    ``total > 0``, ``0 <= free <= total`` and ``own`` ``None`` or ``>= 0``. A probe may return
+    ``total > 0``, ``0 <= free <= total``, ``own`` ``None`` or ``>= 0`` and ``own_base`` ``None``
+    or within ``[0, own]``. A probe may return
     anything (a custom one, or a reading built past :class:`MemoryReading`'s own checks).
 
     Raises:
@@ -154,9 +170,11 @@ def check_reading(reading: Any) -> MemoryReading:
     """
     if not isinstance(reading, MemoryReading):
         raise InvalidReading("not a MemoryReading", f"got a {type(reading).__name__}")
-    total, free, own = (getattr(reading, name, None) for name in ("total", "free", "own"))
+    total, free, own, base = (getattr(reading, n, None) for n in ("total", "free", "own", "own_base"))
     detail = f"total={total!r}, free={free!r}" + ("" if own is None else f", own={own!r}")
+    detail += "" if base is None else f", own_base={base!r}"
     checks = [("total", total), ("free", free)] + ([] if own is None else [("own", own)])
+    checks += [] if base is None else [("own_base", base)]
     for name, value in checks:
         if (problem := _bytes_problem(name, value)) is not None:
             raise InvalidReading(problem, detail)
@@ -164,6 +182,8 @@ def check_reading(reading: Any) -> MemoryReading:
         raise InvalidReading("total is not > 0", detail)
     if free > total:
         raise InvalidReading("free is more than total", detail)
+    if base is not None and (own is None or base > own):
+        raise InvalidReading("own_base is more than own", detail)
     return reading
 
 

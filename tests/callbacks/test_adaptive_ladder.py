@@ -346,14 +346,31 @@ class _TwoRanks:
     world_size = 2
 
     def __init__(
-        self, free: int, total: int, peak: int | None, top: int, on_top: bool = False, failed: bool = False
+        self,
+        free: int,
+        total: int,
+        peak: int | None,
+        top: int,
+        on_top: bool = False,
+        failed: bool = False,
+        base: int | None = None,
     ) -> None:
-        self.strategy = _OtherRank([-free, -total, float(peak or 0), -top, -float(on_top), float(failed)])
+        measured = peak is not None and base is not None
+        increment = float(peak - base) if measured else 0.0
+        self.strategy = _OtherRank(
+            [-free, -total, float(peak or 0), -top, -float(on_top), float(failed), increment, float(not measured)]
+        )
 
 
-def _agree(callback: AdaptiveBandLimit, trainer: _TwoRanks, reading: MemoryReading, peak: int | None):
+def _agree(
+    callback: AdaptiveBandLimit,
+    trainer: _TwoRanks,
+    reading: MemoryReading,
+    peak: int | None,
+    base: int | None = None,
+):
     """What ``callback`` decides from under DDP, as its check computes it."""
-    return callback._events.ranks_agreed(trainer.strategy, reading, peak, callback._device)
+    return callback._events.ranks_agreed(trainer.strategy, reading, peak, callback._device, base)
 
 
 def _agreeing(top: int = 4) -> AdaptiveBandLimit:
@@ -381,11 +398,31 @@ def test_ranks_decide_from_the_least_free_memory_largest_peak_and_lowest_top(
 ) -> None:
     callback = _agreeing(top=mine[3])
     trainer = _TwoRanks(*other)
-    reading, peak = _agree(
+    reading, peak, base = _agree(
         callback, trainer, MemoryReading(total=mine[1], free=mine[0], source="scripted"), mine[2]
     )
     assert (reading.free, reading.total, peak, callback.controller.top) == agreed
+    assert base is None  # no rank measured what it held at the step's start
     assert trainer.strategy.calls == [(None, "max")]  # one collective, reduce_op by keyword
+
+
+@pytest.mark.parametrize(
+    ("mine", "other", "agreed"),
+    [
+        # (peak, base) of this rank, of the other, and the (peak, base) both decide from
+        ((500, 400), (450, 300), (500, 350)),  # the largest peak, the largest increment (150)
+        ((450, 300), (500, 400), (500, 350)),
+        ((500, 400), (450, None), (500, None)),  # a rank without its start: no base
+        ((500, None), (450, 300), (500, None)),
+    ],
+)
+def test_ranks_decide_from_the_largest_step_increment(
+    mine: tuple[int, int | None], other: tuple[int, int | None], agreed: tuple[int, int | None]
+) -> None:
+    callback = _agreeing()
+    trainer = _TwoRanks(600, 1000, other[0], 4, base=other[1])
+    _, peak, base = _agree(callback, trainer, MemoryReading(1000, 600, "scripted"), *mine)
+    assert (peak, base) == agreed
 
 
 @pytest.mark.parametrize(("mine", "other"), [(True, True), (True, False), (False, True), (False, False)])
@@ -434,7 +471,7 @@ def test_ranks_fed_the_same_inputs_take_the_same_decisions() -> None:
         for me, callback in enumerate(ranks):
             other = free_pair[1 - me]
             trainer = _TwoRanks(other, 1000, 500, 4)
-            reading, peak = _agree(
+            reading, peak, _ = _agree(
                 callback, trainer, MemoryReading(total=1000, free=free_pair[me], source="scripted"), 500
             )
             decision = callback.controller.decide(reading, callback.setting)
