@@ -358,7 +358,16 @@ class _TwoRanks:
         measured = peak is not None and base is not None
         increment = float(peak - base) if measured else 0.0
         self.strategy = _OtherRank(
-            [-free, -total, float(peak or 0), -top, -float(on_top), float(failed), increment, float(not measured)]
+            [
+                -free,
+                -total,
+                float(peak or 0),
+                -top,
+                -float(on_top),
+                float(failed),
+                increment,
+                float(not measured),
+            ]
         )
 
 

@@ -36,10 +36,11 @@ STEPS = len(TRACE)
 ALWAYS = range(FIRST_SHORT, 10**6)  # every read from the first short one on
 
 
-def _forged(total: Any, free: Any, own: Any = None) -> MemoryReading:
+def _forged(total: Any, free: Any, own: Any = None, own_base: Any = None) -> MemoryReading:
     """A reading built past ``MemoryReading``'s own checks (as a careless custom probe may)."""
     reading = object.__new__(MemoryReading)
-    for name, value in (("total", total), ("free", free), ("source", "faulty"), ("own", own)):
+    fields = (("total", total), ("free", free), ("source", "faulty"), ("own", own), ("own_base", own_base))
+    for name, value in fields:
         object.__setattr__(reading, name, value)
     return reading
 
@@ -67,6 +68,9 @@ FAULTS = {
     "negative-free": (lambda: _forged(TOTAL, -1), "free is negative"),
     "total-zero": (lambda: MemoryReading(total=0, free=0, source="faulty"), "total is not > 0"),
     "negative-own": (lambda: _forged(TOTAL, 10 * M, own=-5), "own is negative"),
+    "base-over-own": (lambda: _forged(TOTAL, 10 * M, own=M, own_base=2 * M), "own_base is more than own"),
+    "base-without-own": (lambda: _forged(TOTAL, 10 * M, own_base=M), "own_base is more than own"),
+    "nan-base": (lambda: _forged(TOTAL, 10 * M, own=M, own_base=math.nan), "own_base is not finite"),
     "not-a-reading": (lambda: None, "not a MemoryReading"),
 }
 

@@ -546,6 +546,13 @@ def test_memory_reading() -> None:
         MemoryReading(total=8, free=2, source="budget", own=-1)
     with pytest.raises(TypeError, match="own must be an int >= 0, got True"):
         MemoryReading(total=8, free=2, source="budget", own=True)
+    assert MemoryReading(total=8, free=2, source="budget", own=5, own_base=3).own_base == 3
+    with pytest.raises(ValueError, match="own_base <= own .* got own_base=6, own=5"):
+        MemoryReading(total=8, free=2, source="budget", own=5, own_base=6)
+    with pytest.raises(ValueError, match="own_base <= own .* got own_base=1, own=None"):
+        MemoryReading(total=8, free=2, source="budget", own_base=1)  # a step's start needs its peak
+    with pytest.raises(ValueError, match="own_base must be >= 0, got -1"):
+        MemoryReading(total=8, free=2, source="budget", own=5, own_base=-1)
 
 
 def test_memory_reading_accepts_integer_scalars_that_are_not_int() -> None:

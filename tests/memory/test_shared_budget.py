@@ -115,6 +115,38 @@ def test_shared_budget_moves_the_cotenant_measures_each_step_and_counts_overdraf
         shared.over_budget_steps()
 
 
+def test_shared_budget_probe_reads_the_steps_start_first_and_within_its_peak() -> None:
+    calls: list[str] = []
+
+    def own() -> int:
+        calls.append("own")
+        return 500
+
+    def base() -> int:
+        calls.append("base")
+        return 700  # read before a peak that lags it (no high-water mark): taken as the peak
+
+    probe = SharedBudgetProbe(1000, own=own, others=lambda: 100, own_base=base)
+    reading = probe.read()
+    assert calls == ["base", "own"] and (reading.own, reading.own_base) == (500, 500)
+    assert SharedBudgetProbe(1000, own=lambda: 500, others=lambda: 0).read().own_base is None
+
+
+def test_shared_budget_reads_the_start_of_the_step_whose_peak_it_reads(tmp_path: Path) -> None:
+    release_cached_memory(torch.device("cpu"))
+    trace = RampTrace(low=0, high=8 * MIB)
+    shared = SharedBudget(budget=4 * 2**30, trace=trace)
+    _trainer(tmp_path, [shared], steps=6).fit(
+        ImageClassifier("small_cnn", width=4),
+        SyntheticImageDataModule(train_size=64, val_size=8, batch_size=8),
+    )
+    assert shared.probe is not None
+    reading = shared.probe.read()  # nothing read it during the fit: the largest step peak of all
+    largest = max(shared.timeline, key=lambda r: (r["job_bytes"], r["step"]))
+    assert (reading.own, reading.own_base) == (largest["job_bytes"], largest["start_bytes"])
+    assert reading.own_base < reading.own
+
+
 def test_shared_budget_must_come_before_the_adaptive_callback(tmp_path: Path) -> None:
     shared = SharedBudget(budget=4 * 2**30, trace=RampTrace(low=0, high=MIB))
     adaptive = AdaptiveBandLimit(probe=shared.probe, check_every_n_steps=1)
