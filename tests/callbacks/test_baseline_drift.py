@@ -10,11 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from _helpers import cpu_trainer
 
 from lightning_bandlimit.callbacks import AdaptiveBandLimit
+from lightning_bandlimit.callbacks.ladder_decisions import StepPeak, read_job
 from lightning_bandlimit.data import SyntheticImageDataModule
-from lightning_bandlimit.memory import MemoryReading
+from lightning_bandlimit.memory import MemoryReading, ScriptedProbe
 from lightning_bandlimit.memory.protocol import MemoryProbe
 from lightning_bandlimit.models import ImageClassifier
 
@@ -70,3 +72,30 @@ def test_a_growing_baseline_is_logged_said_once_and_takes_exact_rungs_only(
     assert measured == probe.bases[: len(measured)]  # what each check read, kept with its decision
     assert "AdaptiveBandLimit/baseline_bytes" in trainer.callback_metrics
     assert caplog.text.count("the job's own memory between steps grew") == 1
+
+
+def test_on_a_gpu_the_steps_start_is_what_was_allocated_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    allocated = {"now": 300, "peak": 0}
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: allocated.update(peak=300))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: allocated["now"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocated["peak"])
+    meter, gpu = StepPeak(), torch.device("cuda", 0)
+    meter.start(gpu, exclude=())
+    allocated["peak"] = 900  # the step's activations came and went
+    job = read_job(ScriptedProbe([500], total=1000), gpu, meter.bytes, meter.base)
+    assert (job.peak, job.base) == (900, 300)
+    host = read_job(ScriptedProbe([500], total=1000), torch.device("cpu"), 700, None)
+    assert (host.peak, host.base) == (700, None)  # bytes saved for backward: an increment already
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_real_gpu_the_increment_leaves_what_the_job_holds_between_steps() -> None:
+    gpu = torch.device("cuda", torch.cuda.current_device())
+    held = torch.ones(2**20, device=gpu)  # 4 MiB held between steps
+    meter = StepPeak()
+    meter.start(gpu, exclude=())
+    step = torch.ones(2**22, device=gpu)  # 16 MiB within the step
+    del step
+    job = read_job(ScriptedProbe([500], total=1000), gpu, meter.bytes, meter.base)
+    assert job.base is not None and job.peak is not None
+    assert job.base >= held.numel() * 4 and job.peak - job.base >= 2**24
