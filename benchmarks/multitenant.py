@@ -39,7 +39,7 @@ wall and step time over plain's. The verdicts (the targets of the ladder issue) 
 rows. Writes ``benchmarks/results/<name>.json`` and ``<name>.png`` (the first seed's timelines
 on today's trace; ``--name``, default ``multitenant``).
 
-Run: ``PYTHONPATH=. python benchmarks/multitenant.py`` (about 40 minutes on 2 CPU cores with the
+Run: ``PYTHONPATH=. python benchmarks/multitenant.py`` (about 47 minutes on 2 CPU cores with the
 defaults, the main job's training: 3 seeds x 13 jobs x 3 epochs of 8192 images in batches of 256);
 ``--traces early step`` runs only those (the plain, checkpointed and no-pressure rows come with
 ``today`` or ``deep``).
