@@ -92,8 +92,9 @@ class AdaptiveBandLimit(BandLimit):
     band-limited, and keeps its state (compression, rung, learned memory and times) in
     checkpoints. Logged per check: ``AdaptiveBandLimit/rung``, ``.../checkpointed_units``,
     ``.../compression``, ``.../achieved_compression``, ``.../free_bytes``,
-    ``.../job_peak_bytes``, ``.../slowdown`` (the rung's measured step time over rung 0's) and
-    ``.../decision`` (-1 lower, 0 hold, 1 raise, 2 out-of-memory retry); every change is also
+    ``.../job_peak_bytes``, ``.../baseline_bytes`` (what the job held at its measured step's
+    start), ``.../slowdown`` (the rung's measured step time over rung 0's) and ``.../decision``
+    (-1 lower, 0 hold, 1 raise, 2 out-of-memory retry); every change is also
     reported with its reason and kept in :attr:`decisions`. Under DDP all ranks apply the most
     conservative point any rank asks for, on the same step.
 
