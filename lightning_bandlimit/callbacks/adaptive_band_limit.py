@@ -26,7 +26,6 @@ from lightning_bandlimit.callbacks.ladder_events import LadderEvents
 from lightning_bandlimit.callbacks.ladder_stages import ExactRungs, describe_stages, find_stages
 from lightning_bandlimit.callbacks.out_of_memory import free_memory, guard_fit, unguard_training_step
 from lightning_bandlimit.ladder.controller import LadderController
-from lightning_bandlimit.ladder.memory_model import threshold_bytes
 from lightning_bandlimit.ladder.reasons import OOM
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.layers.batchnorm import Forward
@@ -348,20 +347,17 @@ class AdaptiveBandLimit(BandLimit):
         self._last_check = trainer.global_step
         read = None if self.probe is None else self._read()
         if ddp:
-            mine = read or JobMemory(None, None)  # type: ignore[arg-type]
-            read = self._events.ranks_agreed(
-                trainer.strategy, mine.reading, mine.peak, self._device, mine.base
-            )
+            read = self._events.ranks_agreed(trainer.strategy, read, self._device)
         if read is None:
             return
         reading, peak, base = read
         if peak:
             self._events.step_measured(self.setting, float(peak), None if base is None else float(base))
-        large = threshold_bytes(self.controller.min_free, reading.total)
-        if (drift := self._drift.update(trainer.global_step, base, large)) is not None:
-            rank_zero_info(drift)
         peers = None if self.coordinator is None else self.coordinator.peer_memory()
         decision = self._events.decide(reading, self.setting, peers)
+        large = self.controller.min_free_bytes or 0  # min_free in bytes, as the decision took it
+        if (drift := self._drift.update(trainer.global_step, base, large)) is not None:
+            rank_zero_info(drift)
         if self.coordinator is not None:  # other memory-aware jobs on the device (SharedDevice)
             decision = self._events.coordinate(self.coordinator, self, trainer, decision)
         self._apply(trainer, pl_module, decision, peak, base)

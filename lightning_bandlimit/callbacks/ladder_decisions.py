@@ -282,35 +282,33 @@ def process_memory(probe: MemoryProbe) -> dict[int, int] | None:
 class Agreed(NamedTuple):
     """What every rank decides from (:func:`agree_across_ranks`)."""
 
-    reading: MemoryReading  # the least free memory and total of any rank
-    peak: int | None  # the largest peak of any rank
+    # the least free memory and total of any rank, the largest peak, and the largest peak less
+    # the largest increment (base None unless every rank measured its step's start)
+    measured: JobMemory
     top: int  # the lowest top rung of any rank
     continuum_on_top: bool  # on the top rung only if on every rank
-    base: int | None = None  # the largest peak less the largest increment (None: not on every rank)
 
 
 def agree_across_ranks(
-    strategy: Any,
-    controller: LadderController,
-    reading: MemoryReading | None,
-    peak: int | None,
-    device: torch.device | None,
-    base: int | None = None,
+    strategy: Any, controller: LadderController, mine: JobMemory | None, device: torch.device | None
 ) -> Agreed | None:
     """What every rank decides from: the least free memory and total, the largest peak, the
     largest step increment (peak less ``base``, what the rank held at the step's start; only
     when every rank measured it), the lowest top rung of any rank, and the continuum on the top
     rung only if every rank's blocks keep their spectrum; ``None`` when any rank has no reading
-    (``reading=None``: its probe failed or stopped), so that every rank skips the check
-    together. One collective (``strategy.reduce`` with ``reduce_op="max"``); the caller gives
-    the agreed top rung and continuum to its controller."""
+    (``mine=None``: its probe failed or stopped), so that every rank skips the check together.
+    One collective (``strategy.reduce`` with ``reduce_op="max"``); the caller gives the agreed
+    top rung and continuum to its controller."""
     on_top = float(controller.continuum_on_top)
-    failed = float(reading is None)
+    reading, peak, base = (None, None, None) if mine is None else mine
     free, total = (0, 0) if reading is None else (reading.free, reading.total)
     measured = peak is not None and base is not None
     increment = float(peak - base) if measured else 0.0  # type: ignore[operator]
-    mine = [-free, -total, float(peak or 0), -controller.top, -on_top, failed, increment, float(not measured)]
-    agreed = strategy.reduce(torch.tensor(mine, dtype=torch.float64, device=device), reduce_op="max").tolist()
+    vector = [-free, -total, float(peak or 0), -controller.top, -on_top, float(mine is None), increment]
+    vector.append(float(not measured))
+    agreed = strategy.reduce(
+        torch.tensor(vector, dtype=torch.float64, device=device), reduce_op="max"
+    ).tolist()
     if agreed[5] > 0.5 or reading is None:
         return None
     total = int(round(-agreed[1]))
@@ -321,7 +319,9 @@ def agree_across_ranks(
     base_agreed = None
     if agreed[7] < 0.5 and peak_agreed is not None:
         base_agreed = max(0, peak_agreed - int(agreed[6]))
-    return Agreed(agreed_reading, peak_agreed, int(round(-agreed[3])), -agreed[4] > 0.5, base_agreed)
+    return Agreed(
+        JobMemory(agreed_reading, peak_agreed, base_agreed), int(round(-agreed[3])), -agreed[4] > 0.5
+    )
 
 
 def decision_record(

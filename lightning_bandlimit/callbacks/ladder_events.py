@@ -63,26 +63,22 @@ class LadderEvents:
             rank_zero_info(f"AdaptiveBandLimit: {message}")
 
     def ranks_agreed(
-        self,
-        strategy: Any,
-        reading: MemoryReading | None,
-        peak: int | None,
-        device: torch.device | None,
-        base: int | None = None,
+        self, strategy: Any, mine: JobMemory | None, device: torch.device | None
     ) -> JobMemory | None:
         """What every rank decides from (:func:`~.ladder_decisions.agree_across_ranks`, one
-        collective); the agreed top rung and continuum go to the controller. ``None``: a rank had
-        no reading, every rank skips the check (said once)."""
-        agreed = agree_across_ranks(strategy, self.controller, reading, peak, device, base)
+        collective), given what this rank read (``None``: its probe failed); the agreed top rung
+        and continuum go to the controller. ``None``: a rank had no reading, every rank skips the
+        check (said once)."""
+        agreed = agree_across_ranks(strategy, self.controller, mine, device)
         if agreed is None:
-            if reading is not None and not self._said_skip:
+            if mine is not None and not self._said_skip:
                 rank_zero_info(
                     "AdaptiveBandLimit: a rank's memory probe failed: every rank skips such checks"
                 )
                 self._said_skip = True
             return None
         self.controller.on_ranks_agreed(agreed.top, agreed.continuum_on_top)
-        return JobMemory(agreed.reading, agreed.peak, agreed.base)
+        return agreed.measured
 
     def decide(self, reading: MemoryReading, current: Setting, peer_memory: float | None = None) -> Decision:
         """A check's decision at ``current``, the peers' memory (``SharedDevice``) given."""

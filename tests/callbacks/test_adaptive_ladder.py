@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_bandlimit import bandlimited_layers
 from lightning_bandlimit.callbacks import AdaptiveBandLimit
 from lightning_bandlimit.callbacks import adaptive_band_limit as adaptive_module
+from lightning_bandlimit.callbacks.ladder_decisions import JobMemory
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.ladder import Setting
 from lightning_bandlimit.memory import MemoryReading, ScriptedProbe
@@ -379,7 +380,8 @@ def _agree(
     base: int | None = None,
 ):
     """What ``callback`` decides from under DDP, as its check computes it."""
-    return callback._events.ranks_agreed(trainer.strategy, reading, peak, callback._device, base)
+    mine = None if reading is None else JobMemory(reading, peak, base)  # None: this rank's probe failed
+    return callback._events.ranks_agreed(trainer.strategy, mine, callback._device)
 
 
 def _agreeing(top: int = 4) -> AdaptiveBandLimit:
