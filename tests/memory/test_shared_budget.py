@@ -144,7 +144,9 @@ def test_shared_budget_reads_the_start_of_the_step_whose_peak_it_reads(tmp_path:
     reading = shared.probe.read()  # nothing read it during the fit: the largest step peak of all
     largest = max(shared.timeline, key=lambda r: (r["job_bytes"], r["step"]))
     assert (reading.own, reading.own_base) == (largest["job_bytes"], largest["start_bytes"])
-    assert reading.own_base < reading.own
+    # not ``<``: without MALLOC_MMAP_THRESHOLD_ glibc may serve a small step from pages already
+    # resident, so its peak need not rise above its start (seen when this test runs late in a suite)
+    assert reading.own_base <= reading.own
 
 
 def test_shared_budget_must_come_before_the_adaptive_callback(tmp_path: Path) -> None:
