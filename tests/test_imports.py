@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("recompute",),  # units, switching, spectral recompute, stages, the saved-tensor meter
     ("ladder",),  # the decision policy, torch-free
     ("tenants",),  # a device's tenants: the ledger and the rule they share, torch-free
+    ("microbatch",),  # the micro-batch lever: a step's batch in chunks (torch, Lightning)
     ("strategies", "callbacks"),
     ("models",),  # the example LightningModule may use the strategies' schedules
     ("recipes",),
