@@ -76,6 +76,7 @@ With ``rungs=0`` the ladder is the compression continuum alone.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from lightning_bandlimit.ladder.growth import OthersGrowth
@@ -221,22 +222,22 @@ class LadderController(LadderModel):
             if target.compression > current.compression and shortfall <= self.peak_noise < reading.free:
                 # a shortfall within the noise of the job's own peak, and that noise still free:
                 # no lossy change for it (the exact rungs still take any shortfall)
-                target = Setting(min(current.rung, self.top), current.compression)
+                target = replace(current, rung=min(current.rung, self.top))
                 reason = LOWER if target.rung < current.rung else RAISE
                 return self._change(target, current, reason, reading.free, low)
             return self._change(target, current, RAISE, reading.free, low)
         if current.rung > self.top:  # above a rung that left the ladder: faster, about the same memory
             peak = self.predict(current)
             if peak is None or self._added(self.top, current.rung, peak) <= self.spare(reading.free):
-                return self._change(Setting(self.top, current.compression), current, LOWER, reading.free, low)
+                return self._change(replace(current, rung=self.top), current, LOWER, reading.free, low)
             # a rung judged idle may still free up to a quarter of its stage (and one too slow,
             # anything): going down only when what it measured to free fits what is spare
         if reading.free < high:
             self._calm = 0
-            return Decision(current.rung, current.compression, HOLD, reading.free, low)
+            return Decision.at(current, HOLD, reading.free, low)
         self._calm += 1
         if self._calm < self.release_checks or self._since_change <= self.cooldown_checks:
-            return Decision(current.rung, current.compression, HOLD, reading.free, high)
+            return Decision.at(current, HOLD, reading.free, high)
         return self._change(self._release(current, reading.free - high), current, LOWER, reading.free, high)
 
     def spare(self, free: float) -> float:
@@ -257,22 +258,27 @@ class LadderController(LadderModel):
     def _safe_end(self) -> Setting:
         """The setting that needs the least memory: the most compression, else the top rung."""
         if self.lossy:
-            return Setting(self.lossy_rung, self.max_compression)
-        return Setting(self.top, self.min_compression)
+            return Setting(self.lossy_rung, self.max_compression, split=self.lossy_split)
+        return Setting(self.top, self.min_compression, split=self.lossy_split)
 
     def _escalate(self, current: Setting, deficit: float, sure: bool) -> Setting:
         """The setting for a shortfall of ``deficit`` bytes at ``current``. ``sure``: the job
         would overdraw by the next check if the change freed nothing, so the exact lever is not
         tried whole on the chance that an unvisited rung frees enough (a hinted rung still is)."""
         peak = self.predict(current)
-        exact = current.compression <= self.min_compression
-        if exact and current.rung < self.top:
-            if peak is not None and (rung := self._least_rung_freeing(current, peak, deficit)) is not None:
-                return Setting(rung, self.min_compression)
-            if not self.lossy or (not sure and (self.top not in self.rung_memory.points or peak is None)):
-                # a rung not visited may fit (its saving is unknown), or nothing else is known,
-                # or there is no lossy lever: the whole exact lever at once
+        points = self.exact_points()
+        if current in points and current != points[-1]:  # an exact point, a higher one left
+            if peak is not None and (point := self._least_point_freeing(current, peak, deficit)) is not None:
+                return point
+            # a point not visited may fit (its saving is unknown), or nothing else is known, or
+            # no lever is left above: the whole exact lever at once (checkpointing, then splits)
+            unknown_top = self.top not in self.rung_memory.points or peak is None
+            below_top = current.split == 1 and current.rung < self.top
+            if below_top and ((not self.lossy and not self.splits) or (not sure and unknown_top)):
                 return Setting(self.top, self.min_compression)
+            unknown_split = self.lossy_split not in self.split_memory.points or peak is None
+            if self.splits and (not self.lossy or (not sure and unknown_split)):
+                return Setting(self.top, self.min_compression, split=self.lossy_split)
         if not self.lossy:
             return self._safe_end
         if peak is not None:
@@ -282,19 +288,23 @@ class LadderController(LadderModel):
                 if c > current.compression
             ]
             if (fitting := self._least_compression(peak - deficit, above)) is not None:
-                return Setting(self.lossy_rung, fitting)
+                return Setting(self.lossy_rung, fitting, split=self.lossy_split)
             if self.compression_memory.predict(self.max_compression) is not None:
                 return self._safe_end  # the model predicts no compression frees enough: the most there is
-        return self._compress_unknown(current, leaves_rung=self.top > 0)
+        return self._compress_unknown(current, leaves_rung=self.top > 0 or bool(self.splits))
 
     def _retry_after_oom(self, current: Setting) -> Setting:
         """The setting to retry a step that ran out of memory at ``current`` (the shortfall
         unknown): the top rung if below it, else more compression (from any rung)."""
-        if current.compression <= self.min_compression and current.rung < self.top:
-            return Setting(self.top, self.min_compression)
+        if current.compression <= self.min_compression:
+            if current.split == 1 and current.rung < self.top:
+                return Setting(self.top, self.min_compression)
+            if current.split < self.lossy_split:  # on the top rung: the most exact lever at once
+                return Setting(self.top, self.min_compression, split=self.lossy_split)
         if not self.lossy:
             return self._safe_end
-        return self._compress_unknown(current, leaves_rung=self.top > 0 or current.rung > 0)
+        leaves = self.top > 0 or current.rung > 0 or bool(self.splits)
+        return self._compress_unknown(current, leaves_rung=leaves)
 
     def _compress_unknown(self, current: Setting, leaves_rung: bool) -> Setting:
         """More compression where the memory model cannot say how much is enough."""
@@ -302,14 +312,16 @@ class LadderController(LadderModel):
         if exact and leaves_rung and not self.continuum_on_top:
             # past the exact rungs to the continuum on rung 0, nothing known of it: only a large
             # compression is sure to free more than the checkpointed rung did
-            return Setting(0, self.max_compression)
+            return Setting(0, self.max_compression, split=self.lossy_split)
         if self._raise_did_not_lower(current):
             return self._safe_end  # not another step into the unknown
-        return Setting(self.lossy_rung, self.clamp(current.compression + self.raise_step))
+        raised = self.clamp(current.compression + self.raise_step)
+        return Setting(self.lossy_rung, raised, split=self.lossy_split)
 
     def _raise_did_not_lower(self, current: Setting) -> bool:
         """Whether ``current``'s compression was measured to need no less than a smaller one."""
-        if current.rung != self.lossy_rung or current.compression <= self.min_compression:
+        on_continuum = current.rung == self.lossy_rung and current.split == self.lossy_split
+        if not on_continuum or current.compression <= self.min_compression:
             return False
         points = self.compression_memory.points
         key = min(points, key=lambda c: abs(c - current.compression), default=None)
@@ -323,9 +335,10 @@ class LadderController(LadderModel):
         floor = max(self.min_compression, self.oom_floor)
         if current.compression > self.min_compression:
             if peak is not None and self.oom_floor <= self.min_compression:
-                for rung in range(self.top + 1):  # fastest measured exact rung first
-                    if rung in measured and measured[rung] <= peak + spare:
-                        return Setting(rung, self.min_compression)
+                for point in self.exact_points():  # fastest measured exact point first
+                    at = self.measured(point)
+                    if at is not None and at <= peak + spare:
+                        return point
             if current.compression <= floor:
                 return current
             # least compression whose extra memory fits the spare
@@ -335,7 +348,10 @@ class LadderController(LadderModel):
                 else self._least_compression(peak + spare, self._grid(floor, current.compression))
             )
             target = max(current.compression - self.lower_step if fitting is None else fitting, floor)
-            return Setting(self.lossy_rung, self.clamp(min(target, current.compression)))
+            lowered = self.clamp(min(target, current.compression))
+            return Setting(self.lossy_rung, lowered, split=self.lossy_split)
+        if current.split > 1:
+            return self._release_split(current, peak, spare)
         if current.rung == 0:
             return current
         for rung in range(current.rung):  # fastest rung first, measured or bounded
@@ -345,16 +361,20 @@ class LadderController(LadderModel):
             return current  # predicted not to fit: hold
         return Setting(current.rung - 1, current.compression)  # not visited yet: one rung, to learn it
 
-    def _added(self, rung: int, current: int, peak: float) -> float:
-        """Memory going down from rung ``current`` (at ``peak``) to ``rung`` adds: measured there,
-        else at most what the stages between keep for backward (the most checkpointing them
-        frees); ``inf`` when neither is known."""
-        measured = self.rung_memory.points
-        if rung in measured:
-            return measured[rung] - peak
-        if self.stage_savings is None:
-            return float("inf")
-        return self._saved(current) - self._saved(rung)
+    def _release_split(self, current: Setting, peak: float | None, spare: float) -> Setting:
+        """Down from a split (on the top rung): to the fastest exact point with fewer chunks
+        whose memory (measured, else bounded: a chunk ``m`` times larger keeps at most ``m``
+        times the increment) fits the spare; else one split down, to learn it, unless measured
+        not to fit."""
+        lower = [p for p in self.exact_points() if p.split < current.split]  # fastest first
+        if not lower:
+            return replace(current, split=1)
+        if peak is not None:
+            for point in lower:
+                if self._added_to(point, current, peak) <= spare:
+                    return point
+        below = lower[-1]  # the next smaller split, or the top rung's whole batch
+        return current if peak is not None and self.measured(below) is not None else below
 
     def make_room(self, current: Setting, deficit: float) -> Setting:
         """The least exact rung above ``current`` predicted (measured, else hinted) to free
@@ -374,23 +394,26 @@ class LadderController(LadderModel):
             >>> ladder.observe(Setting(1, 0.0), 700); ladder.make_room(Setting(1, 0.0), 5000.0)
             Setting(rung=2, compression=0.0)
         """
-        if current.compression > self.min_compression or current.rung >= self.top:
+        points = self.exact_points()
+        if current not in points or current == points[-1]:
             return current
         peak = self.predict(current)
         if peak is None:
             return Setting(self.top, self.min_compression)
-        if (rung := self._least_rung_freeing(current, peak, deficit)) is not None:
-            return Setting(rung, self.min_compression)
-        unvisited = [r for r in range(current.rung + 1, self.top + 1) if r not in self.rung_memory.points]
-        return Setting(unvisited[0] if unvisited else self.top, self.min_compression)
+        if (point := self._least_point_freeing(current, peak, deficit)) is not None:
+            return point
+        above = points[points.index(current) + 1 :]
+        unvisited = [p for p in above if self.measured(p) is None]
+        return unvisited[0] if unvisited else points[-1]
 
-    def _least_rung_freeing(self, current: Setting, peak: float, deficit: float) -> int | None:
-        """The least rung above ``current`` (at ``peak``) measured, else hinted, to free ``deficit``."""
-        measured = self.rung_memory.points
-        for rung in range(current.rung + 1, self.top + 1):
-            freed = peak - measured[rung] if rung in measured else self._hinted_saving(rung, peak)
-            if freed is not None and freed >= deficit:
-                return rung
+    def _least_point_freeing(self, current: Setting, peak: float, deficit: float) -> Setting | None:
+        """The least exact point above ``current`` (at ``peak``) measured, else hinted, to free
+        ``deficit``."""
+        points = self.exact_points()
+        for point in points[points.index(current) + 1 :]:
+            hinted = self.hinted(point, peak)
+            if hinted is not None and peak - hinted >= deficit:
+                return point
         return None
 
     def _shift(self, delta: float) -> None:
@@ -416,10 +439,10 @@ class LadderController(LadderModel):
 
     def _change(self, target: Setting, current: Setting, reason: str, free: int, threshold: int) -> Decision:
         if target == current:
-            return Decision(current.rung, current.compression, HOLD, free, threshold)
+            return Decision.at(current, HOLD, free, threshold)
         self._since_change = 0
         self._calm = 0
-        return Decision(target.rung, target.compression, reason, free, threshold)
+        return Decision.at(target, reason, free, threshold)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -438,6 +461,8 @@ class LadderController(LadderModel):
             **self._others.state_dict(),
             "peak_jitter": list(self.peak_jitter),
             "baseline": self.baseline,
+            "splits": list(self.splits),
+            "split_memory": self.split_memory.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -462,6 +487,8 @@ class LadderController(LadderModel):
         if saved_rungs != self.rungs:
             return
         self.top = min(int(state.get("top", self.rungs)), self.rungs)
+        self.splits = tuple(int(s) for s in state.get("splits", []))
+        self.split_memory.load_state_dict(state.get("split_memory", {}))
         self.rung_memory.load_state_dict(state.get("rung_memory", {}))
         self.rung_seconds = {int(r): float(s) for r, s in state.get("rung_seconds", [])}
         savings, least = state.get("stage_savings"), state.get("stage_least")

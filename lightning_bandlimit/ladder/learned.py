@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 
 from lightning_bandlimit.ladder.memory_model import MemoryModel
 from lightning_bandlimit.ladder.setting import Setting
+from lightning_bandlimit.ladder.splits import SplitMemory, check_splits
 from lightning_bandlimit.utils.units import MIB
 from lightning_bandlimit.utils.validation import check_compression, check_int, check_real
 
@@ -93,6 +94,8 @@ class LadderModel:
         self._last_increment: float | None = None  # the last observation's peak over its baseline
         # |change| of the peak between consecutive checks at one setting, the last few
         self.peak_jitter: deque[float] = deque(maxlen=_JITTER_CHECKS)
+        self.splits: tuple[int, ...] = ()  # the micro-batch splits above the top rung (none: no lever)
+        self.split_memory = SplitMemory()  # peak and step time per split, on the top rung
 
     def on_stages_measured(
         self,
@@ -164,10 +167,48 @@ class LadderModel:
             self.continuum_on_top = on_top
             self.compression_memory = MemoryModel()
 
+    def on_splits_chosen(self, splits: Sequence[int]) -> None:
+        """The micro-batch splits the ladder may use above its top rung (ascending; tried exact,
+        or ``()``: none). A change forgets what was measured of the splits and, since the
+        continuum runs at the largest split, the memory-versus-compression model.
+
+        Raises:
+            TypeError: for a split that is not an int.
+            ValueError: for a split below 2.
+
+        Example:
+            >>> model = LadderModel(rungs=2)
+            >>> model.on_splits_chosen([4, 2]); model.splits, model.lossy_split
+            ((2, 4), 4)
+        """
+        splits = check_splits(splits)
+        if splits != self.splits:
+            self.splits = splits
+            self.split_memory.forget()
+            self.compression_memory = MemoryModel()
+
     @property
     def lossy_rung(self) -> int:
         """The rung the compression continuum runs on."""
         return self.top if self.continuum_on_top else 0
+
+    @property
+    def lossy_split(self) -> int:
+        """The split the compression continuum runs at: the largest (the spectral cutoff comes
+        after every split), ``1`` without splits."""
+        return self.splits[-1] if self.splits else 1
+
+    def exact_points(self) -> list[Setting]:
+        """The exact settings in ladder order: rungs ``0 .. top`` (whole batch), then the top
+        rung at each split.
+
+        Example:
+            >>> model = LadderModel(rungs=1); model.on_splits_chosen([2])
+            >>> points = model.exact_points(); len(points), points[-1]
+            (3, Setting(rung=1, compression=0.0, split=2))
+        """
+        rungs = [Setting(r, self.min_compression) for r in range(self.top + 1)]
+        return rungs + [Setting(self.top, self.min_compression, split=s) for s in self.splits]
 
     def observe(self, setting: Setting, peak_bytes: float, base: float | None = None) -> str | None:
         """The job's peak memory measured at ``setting`` (``base``: what the job held at the
@@ -197,10 +238,12 @@ class LadderModel:
                 self.peak_jitter.append(abs(float(peak_bytes) - previous[1]))  # type: ignore[index]
         self.last_observation = (setting, float(peak_bytes))
         self._last_increment = increment
-        if setting.compression <= self.min_compression:
+        if setting.compression <= self.min_compression and setting.split == 1:
             self.rung_memory.observe(setting.rung, peak_bytes, replace=replace)
             message = self._drop_idle_rungs(setting.rung)
-        if setting.rung == self.lossy_rung:
+        elif setting.compression <= self.min_compression and setting.rung == self.top:
+            self.split_memory.observe(setting.split, peak_bytes, replace=replace)
+        if setting.rung == self.lossy_rung and setting.split == self.lossy_split:
             self.compression_memory.observe(setting.compression, peak_bytes, replace=replace)
         return message
 
@@ -212,6 +255,7 @@ class LadderModel:
 
     def _shift(self, delta: float) -> None:
         self.rung_memory.shift(delta)
+        self.split_memory.shift(delta)
         self.compression_memory.shift(delta)
 
     @property
@@ -279,14 +323,20 @@ class LadderModel:
 
     def _lower_top(self, top: int) -> None:
         self.top = top
+        self.split_memory.forget()  # the splits run on the top rung: measured on another
         if self.continuum_on_top:  # the continuum moves down with the top rung
             self.compression_memory = MemoryModel()
-            if top in self.rung_memory.points:
+            if top in self.rung_memory.points and not self.splits:
                 self.compression_memory.observe(self.min_compression, self.rung_memory.points[top])
 
-    def observe_time(self, rung: int, seconds: float) -> str | None:
-        """A step's time on ``rung`` at the floor compression; returns a message when the rung
-        leaves the ladder for being slower than ``max_slowdown``."""
+    def observe_time(self, rung: int, seconds: float, split: int = 1) -> str | None:
+        """A step's time on ``rung`` at the floor compression (``split``: the chunks its batch ran
+        in, on the top rung); returns a message when the rung leaves the ladder for being slower
+        than ``max_slowdown`` (a split is timed, never dropped: it is the last exact lever)."""
+        if split != 1:
+            if rung == self.top:
+                self.split_memory.observe_time(split, seconds, TIME_SMOOTHING)
+            return None
         old = self.rung_seconds.get(rung)
         self.rung_seconds[rung] = seconds if old is None else old + TIME_SMOOTHING * (seconds - old)
         slowdown = self.slowdown(rung)
@@ -300,9 +350,10 @@ class LadderModel:
             )
         return None
 
-    def slowdown(self, rung: int) -> float | None:
-        """Measured step time on ``rung`` over rung 0's; ``None`` until both were measured."""
-        base, time = self.rung_seconds.get(0), self.rung_seconds.get(rung)
+    def slowdown(self, rung: int, split: int = 1) -> float | None:
+        """Measured step time on ``rung`` (at ``split``) over rung 0's; ``None`` until both were measured."""
+        base = self.rung_seconds.get(0)
+        time = self.rung_seconds.get(rung) if split == 1 else self.split_memory.seconds.get(split)
         return None if not base or time is None else time / base
 
     def _saved(self, rung: int) -> float:
@@ -320,13 +371,30 @@ class LadderModel:
 
     def predict(self, setting: Setting) -> float | None:
         """Predicted peak at ``setting``; ``None`` if unknown."""
+        on_continuum = setting.rung == self.lossy_rung and setting.split == self.lossy_split
         if setting.compression <= self.min_compression:
-            predicted = self.predict_rung(setting.rung)
-            if predicted is None and setting.rung == self.lossy_rung:  # the continuum's start
+            if setting.split == 1:
+                predicted = self.predict_rung(setting.rung)
+            elif setting.rung == self.top:
+                predicted = self.split_memory.predict(setting.split, self.rung_memory.points.get(self.top))
+            else:
+                predicted = None
+            if predicted is None and on_continuum:  # the continuum's start
                 predicted = self.compression_memory.predict(setting.compression)
             return predicted
-        on_continuum = setting.rung == self.lossy_rung
         return self.compression_memory.predict(setting.compression) if on_continuum else None
+
+    def hinted(self, setting: Setting, peak: float) -> float | None:
+        """Which exact point not measured yet to try first: its hinted peak (a rung: its stages'
+        saved bytes, :meth:`_hinted_saving`; a split: :meth:`SplitMemory.hint`), never a
+        prediction the ladder relies on; measured points as measured."""
+        if setting.split == 1:
+            if setting.rung in self.rung_memory.points:
+                return self.rung_memory.points[setting.rung]
+            saving = self._hinted_saving(setting.rung, peak)
+            return None if saving is None else peak - saving
+        top = self.rung_memory.points.get(self.top)
+        return self.split_memory.hint(setting.split, top, self.baseline)
 
     def clamp(self, c: float) -> float:
         """``c`` within ``[min_compression, max_compression]``."""
@@ -336,6 +404,37 @@ class LadderModel:
     def lossy(self) -> bool:
         """Whether the ladder has a lossy lever (``max_compression`` above ``min_compression``)."""
         return self.max_compression > self.min_compression
+
+    def measured(self, point: Setting) -> float | None:
+        """The peak measured at the exact ``point`` (a rung, or a split on the top rung);
+        ``None``: not yet."""
+        if point.split == 1:
+            return self.rung_memory.points.get(point.rung)
+        return self.split_memory.points.get(point.split) if point.rung == self.top else None
+
+    def _added_to(self, point: Setting, current: Setting, peak: float) -> float:
+        """Memory going down from the split ``current`` (at ``peak``) to ``point`` adds: measured
+        there, else bounded (fewer chunks, then the stages un-checkpointed)."""
+        if (at := self.measured(point)) is not None:
+            return at - peak
+        if point.split > 1:
+            return self.split_memory.bound(point.split, current.split, peak, self.baseline) - peak
+        whole = self.measured(Setting(self.top, self.min_compression))
+        if whole is None:
+            whole = self.split_memory.bound(1, current.split, peak, self.baseline)
+        further = 0.0 if point.rung == self.top else self._added(point.rung, self.top, whole)
+        return whole - peak + further
+
+    def _added(self, rung: int, current: int, peak: float) -> float:
+        """Memory going down from rung ``current`` (at ``peak``) to ``rung`` adds: measured there,
+        else at most what the stages between keep for backward (the most checkpointing them
+        frees); ``inf`` when neither is known."""
+        measured = self.rung_memory.points
+        if rung in measured:
+            return measured[rung] - peak
+        if self.stage_savings is None:
+            return float("inf")
+        return self._saved(current) - self._saved(rung)
 
     def _hinted_saving(self, rung: int, peak: float) -> float | None:
         """Which unvisited rung to try first: what its stages keep for backward over the

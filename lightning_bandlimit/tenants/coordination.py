@@ -72,11 +72,13 @@ def offer(controller: LadderController, current: Setting) -> dict[str, object]:
         300.0
     """
     exact = current.compression <= controller.min_compression
+    ladder = controller.exact_points()  # rungs, then splits on the top rung
+    left = ladder[ladder.index(current) + 1 :] if current in ladder else []
     entry: dict[str, object] = {
         "rung": current.rung,
         "compression": current.compression,
         "lossy": not exact,
-        "exact_left": exact and current.rung < controller.top,
+        "exact_left": exact and bool(left),
         "next_freed": None,
         "next_lossy": None,
         "next_cost": None,
@@ -91,21 +93,21 @@ def offer(controller: LadderController, current: Setting) -> dict[str, object]:
     entry["stage_most"] = tuple(int(s) for s in controller.stage_savings or ())
     entry["idle_from"] = controller.idle_from()
     if entry["exact_left"]:
-        upper = current.rung + 1
+        upper = left[0]  # the next rung, or the next split (its saving hinted until measured)
         freed = None
-        if peak_now is not None and upper in points:
-            freed = peak_now - points[upper]
-        elif controller.stage_savings is not None:
+        if peak_now is not None and (after := controller.hinted(upper, peak_now)) is not None:
+            freed = peak_now - after if upper.split > 1 or upper.rung in points else None
+        if freed is None and upper.split == 1 and controller.stage_savings is not None:
             freed = controller.stage_savings[current.rung]
-        slower = controller.slowdown(upper)
-        base = controller.slowdown(current.rung) if current.rung else 1.0
+        slower = controller.slowdown(upper.rung, upper.split)
+        base = controller.slowdown(current.rung, current.split) if current != ladder[0] else 1.0
         cost = None
         if freed is not None and freed > 0 and slower is not None and base is not None:
             cost = max(0.0, slower - base) / (freed / GIB)
         entry.update(next_freed=freed, next_lossy=False, next_cost=cost)
     elif controller.lossy and current.compression < controller.max_compression:
         target = controller.clamp(current.compression + controller.raise_step)
-        after = controller.predict(Setting(controller.lossy_rung, target))
+        after = controller.predict(Setting(controller.lossy_rung, target, split=controller.lossy_split))
         freed = None if peak_now is None or after is None else max(0.0, peak_now - after)
         entry.update(next_freed=freed, next_lossy=True)
     return entry
@@ -176,7 +178,7 @@ class Coordination:
             if decision.reason != HOLD and not short:
                 self.held_checks = 0  # a release let through; under a shortfall the count goes on
             return decision, None
-        return Decision(current.rung, current.compression, HOLD, decision.free, decision.threshold), why
+        return Decision.at(current, HOLD, decision.free, decision.threshold), why
 
     def expire(self, peers: Sequence[Tenant], at: float) -> list[Tenant]:
         """``peers``, each one this job has seen arriving for longer than ``arrival_timeout`` (and a
@@ -251,7 +253,7 @@ class Coordination:
         if (recent := self._recent(peers, at)) is not None:  # not in the readings: nothing confirmed
             return kept, (), recent
         settled = [p for p in peers if not p.arriving]
-        short = Decision(current.rung, current.compression, RAISE, decision.free, int(low + need))
+        short = Decision.at(current, RAISE, decision.free, int(low + need))
         cheaper = _why_hold_raise(short, me, settled)
         floor = max([*estimate.others_least, *(float(p.held or 0) for p in waiting)], default=0.0)
         own_peak = estimate.need if estimate.own else None
@@ -264,7 +266,7 @@ class Coordination:
         why = f"making room for {who}: {deficit / MIB:.1f} MiB, as much as a job here measured"
         why += estimate.where
         # confirmed at the next check, by a step measured at the new setting
-        return Decision(target.rung, target.compression, RAISE, decision.free, decision.threshold), (), why
+        return Decision.at(target, RAISE, decision.free, decision.threshold), (), why
 
     def refit(
         self,
@@ -388,7 +390,7 @@ def _nothing_given_back(decision: Decision, current: Setting, me: Tenant) -> Dec
     """``decision``, but a release held while a peer arrives (a rung that frees nothing, down
     from one measured idle, is not giving: it goes through)."""
     if decision.reason == LOWER and not _same_memory(decision, me):
-        return Decision(current.rung, current.compression, HOLD, decision.free, decision.threshold)
+        return Decision.at(current, HOLD, decision.free, decision.threshold)
     return decision
 
 
