@@ -23,6 +23,7 @@ from lightning_bandlimit.callbacks.ladder_decisions import (
     log_decision,
 )
 from lightning_bandlimit.callbacks.ladder_events import LadderEvents
+from lightning_bandlimit.callbacks.ladder_splits import SplitLever
 from lightning_bandlimit.callbacks.ladder_stages import ExactRungs, describe_stages, find_stages
 from lightning_bandlimit.callbacks.out_of_memory import free_memory, guard_fit, unguard_training_step
 from lightning_bandlimit.ladder.controller import LadderController
@@ -35,7 +36,7 @@ from lightning_bandlimit.memory.process import release_cached_memory
 from lightning_bandlimit.memory.protocol import MemoryProbe
 from lightning_bandlimit.utils.validation import check_choice, check_compression, check_int, check_selection
 
-LEVERS = ("checkpoint", "compression")
+LEVERS = ("checkpoint", "microbatch", "compression")
 CONTINUUM_RUNGS = ("auto", "top", "zero")
 # The compression the units are also tried at when checkpointed (with the lossy lever): the
 # middle of the range the continuum runs over, where a unit keeping its kept spectrum differs
@@ -60,9 +61,15 @@ class AdaptiveBandLimit(BandLimit):
        ``r`` checkpoints the first ``r`` stages, highest resolution first. Units are switched
        between optimizer steps, in place (``state_dict`` keys unchanged), in the non-reentrant
        mode (DDP-safe), with BatchNorm running statistics updated once per step.
-    2. **Compression** (``"compression"`` lever; lossy): the band-limited layers' compression,
-       raised above ``min_compression`` only when the top rung does not suffice. When every
-       unit is a block whose input reaches its arithmetic only through band-limited
+    2. **Micro-batch split** (``"microbatch"`` lever; exact for a per-sample mean loss without
+       batch-dependent layers): on the top rung, each step's batch runs in 2, 4, ... up to
+       ``max_split`` chunks whose gradients accumulate before one optimizer step
+       (:mod:`lightning_bandlimit.microbatch`; the global batch is kept; BatchNorm normalises each
+       chunk by its own statistics). Tried on the first batch, against the whole batch's gradient;
+       a step that is not exact split (a summed loss, in-batch negatives) leaves it off, said once.
+    3. **Compression** (``"compression"`` lever; lossy): the band-limited layers' compression,
+       raised above ``min_compression`` only when the exact levers do not suffice (at the
+       largest split). When every unit is a block whose input reaches its arithmetic only through band-limited
        convolutions, identity and strided 1x1 shortcuts (ResNet basic blocks), checkpointed
        blocks keep only their kept input spectrum
        (:mod:`lightning_bandlimit.recompute.spectral`) and the compression rises **on the top
@@ -83,9 +90,9 @@ class AdaptiveBandLimit(BandLimit):
     is predicted to free nothing (what its stages keep for backward, measured in the first
     step, only hints which to try first). ``max_slowdown`` caps each rung's measured step time.
 
-    ``levers=["compression"]``: compression only; ``levers=["checkpoint"]``: exact only (no
-    compression above ``min_compression``). A model without checkpointable units (e.g. a plain
-    ``nn.Sequential`` chain) has no exact rungs: the ladder is the compression (said once).
+    ``levers=["compression"]``: compression only; ``levers=["checkpoint", "microbatch"]``: exact
+    only. A model without checkpointable units (e.g. a plain ``nn.Sequential`` chain) has no
+    exact rungs: the splits and the compression remain (said once).
 
     Like :class:`BandLimit` it swaps the convolutions in ``setup`` when the model has none
     band-limited, and keeps its state (compression, rung, learned memory and times) in
@@ -97,18 +104,13 @@ class AdaptiveBandLimit(BandLimit):
     reported with its reason and kept in :attr:`decisions`. Under DDP all ranks apply the most
     conservative point any rank asks for, on the same step.
 
-    **What it guarantees, and what it does not** (README, "Keep fitting beside other jobs"): a
-    co-tenant whose memory grows by less than ``min_free`` between two checks is met before the
-    job overdraws, as far as the levers can free and the memory model predicts; memory neither
-    lever frees, a faster co-tenant, or an out-of-memory error in ``backward`` it cannot help.
-
-    **Out-of-memory backstop** (``oom_backstop=True``, single-process runs): an out-of-memory
-    error raised inside ``training_step`` (the forward pass) moves to the top rung (or, there,
-    to the compression continuum) and retries that batch once; in the first step, which
-    measures the units, it retries with every unit checkpointed. It cannot catch an OOM in
-    ``backward``, the optimizer step, data loading or another process; a second OOM on the same
-    batch propagates. Under DDP it is off, since one rank retrying alone would desynchronise
-    the collectives.
+    **What it guarantees** (README, "Keep fitting beside other jobs"): a co-tenant growing by
+    less than ``min_free`` between two checks is met before the job overdraws, as far as the
+    levers free and the memory model predicts. **Out-of-memory backstop** (``oom_backstop``,
+    single-process runs): an out-of-memory error inside ``training_step`` moves to the top rung
+    (there, to its largest split, then the continuum; in the first step, every unit
+    checkpointed) and retries that batch once; an OOM in ``backward``, the optimizer step or
+    another process it cannot catch, a second one on the batch propagates.
 
     Args:
         compression: starting compression, in ``[0, 1)`` (refused outside, as by
@@ -121,11 +123,12 @@ class AdaptiveBandLimit(BandLimit):
         probe: ``"auto"`` (best available, one warning on fallback) or a
             :class:`~lightning_bandlimit.memory.MemoryProbe`.
         oom_backstop: retry a batch whose forward ran out of memory, at a higher rung or compression.
-        levers: which levers the ladder may use: ``"checkpoint"``, ``"compression"`` or both.
+        levers: which levers the ladder may use: ``"checkpoint"``, ``"microbatch"``, ``"compression"``.
         checkpoint_units: glob patterns over module names choosing the units to checkpoint
             (default: found automatically).
         max_slowdown: the most step time a checkpointing rung may cost relative to none
             (e.g. ``1.3``); ``None``: no cap.
+        max_split: the most chunks the micro-batch lever runs a step's batch in (``1``: none).
         continuum_rung: where the compression rises past the exact rungs: ``"auto"`` (the top
             rung when every unit keeps its kept spectrum when checkpointed, else rung 0),
             ``"top"`` or ``"zero"``. On the top rung the checkpointed blocks shrink with the
@@ -149,7 +152,7 @@ class AdaptiveBandLimit(BandLimit):
         >>> trace = ScriptedProbe(free=[900, 50, 50, 900], total=1000)  # a co-tenant comes and goes
         >>> callback = AdaptiveBandLimit(probe=trace, min_free=0.2, release_free=0.5, check_every_n_steps=1)
         >>> callback.compression, callback.rung, callback.levers
-        (0.0, 0, ('checkpoint', 'compression'))
+        (0.0, 0, ('checkpoint', 'microbatch', 'compression'))
     """
 
     def __init__(
@@ -165,6 +168,7 @@ class AdaptiveBandLimit(BandLimit):
         levers: Sequence[str] = LEVERS,
         checkpoint_units: Patterns = None,
         max_slowdown: float | None = None,
+        max_split: int = 8,
         continuum_rung: str = "auto",
         include: Patterns = None,
         exclude: Patterns = None,
@@ -198,10 +202,13 @@ class AdaptiveBandLimit(BandLimit):
             bn_forward=bn_forward,
         )
         check_int("check_every_n_steps", check_every_n_steps, minimum=1)
+        check_int("max_split", max_split, minimum=1)
         if not (isinstance(probe, MemoryProbe) or probe == "auto"):
             error = ValueError if isinstance(probe, str) else TypeError
             raise error(f"probe must be 'auto' or a MemoryProbe, got {probe!r}")
         self.levers = levers
+        self.max_split = max_split
+        self._splits = SplitLever(max_split) if "microbatch" in levers and max_split > 1 else None
         self.continuum_rung = continuum_rung
         self.checkpoint_units = normalize_patterns("checkpoint_units", checkpoint_units)
         self.check_every_n_steps = check_every_n_steps
@@ -230,9 +237,19 @@ class AdaptiveBandLimit(BandLimit):
         self._rungs.rung = rung
 
     @property
+    def split(self) -> int:
+        """The chunks a training step's batch runs in (``1``: whole)."""
+        return 1 if self._splits is None else self._splits.split
+
+    @property
     def setting(self) -> Setting:
-        """The ladder point the job runs at: checkpointed stages (rung) and compression."""
-        return Setting(self.rung, self.compression)
+        """The ladder point the job runs at: checkpointed stages (rung), compression and split."""
+        return Setting(self.rung, self.compression, split=self.split)
+
+    def _move_to(self, setting: Setting) -> None:
+        self.compression, self.rung = setting.compression, setting.rung
+        if self._splits is not None:
+            self._splits.split = setting.split
 
     @property
     def checkpointed_units(self) -> list[str]:
@@ -247,6 +264,8 @@ class AdaptiveBandLimit(BandLimit):
             self.probe = auto_probe(self._device)  # warns once itself when it falls back or gives up
         if stage == "fit" and "checkpoint" in self.levers and self._rungs.stages is None:
             self._rungs.stages = find_stages(pl_module, self.checkpoint_units)
+        if stage == "fit" and self._splits is not None:
+            self._splits.install(trainer, pl_module)
         if stage == "fit" and self.oom_backstop and self._guarded is None:
             self._guarded = guard_fit(trainer, pl_module, lambda: self._recover_from_oom(trainer))
 
@@ -258,6 +277,8 @@ class AdaptiveBandLimit(BandLimit):
             self.rung = 0
         elif self._rungs.restore(self.controller.top) is False:  # the saved stages name other units
             self._events.stages_measured(rungs=0)
+        if self._splits is None or self._splits.tried:  # no lever: a saved ladder's splits do not apply
+            self._events.splits_chosen(() if self._splits is None else self.controller.splits)
 
     def _is_check_step(self, step: int) -> bool:
         """Whether a check follows optimizer step ``step`` (a batch ends at ``global_step + 1``)."""
@@ -268,6 +289,8 @@ class AdaptiveBandLimit(BandLimit):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         self._step_started = time.perf_counter()
+        if self._splits is not None:
+            self._splits.start_step(batch, batch_idx)
         if self._rungs.stages is not None and not self._rungs.staged:
             # The first step runs every unit plainly and measures them: stages and bytes freed.
             self._step_started = None  # a profiling step's time is not a rung's
@@ -283,6 +306,8 @@ class AdaptiveBandLimit(BandLimit):
     def on_before_backward(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor
     ) -> None:
+        if self._splits is not None and self._splits.in_chunk:
+            return  # a chunk before the step's last: its peak is the step's, metered to the last
         self._stop_meters()
 
     def _stop_meters(self) -> None:
@@ -328,8 +353,12 @@ class AdaptiveBandLimit(BandLimit):
         if self._rungs.profiling is not None:
             self._finish_profile(trainer.world_size)
         if self._step_started is not None and self.compression <= self.controller.min_compression:
-            self._events.step_timed(self.rung, time.perf_counter() - self._step_started)
+            self._events.step_timed(self.rung, time.perf_counter() - self._step_started, self.split)
         self._step_started = None
+        if self._splits is not None:
+            self._splits.end_step()
+            if (splits := self._splits.try_splits(trainer, pl_module)) is not None:
+                self._events.splits_chosen(splits)
         if self.compression > 0 and self.controller.continuum_on_top:
             self._rungs.report_fallbacks(self.compression)  # units kept in full at this compression
         self._check(trainer, pl_module)  # a new rung applies here, between optimizer steps
@@ -381,8 +410,8 @@ class AdaptiveBandLimit(BandLimit):
         previous = self.setting
         target = decision.setting
         if target != previous:
-            self.compression, self.rung = target.compression, target.rung
-            if target.compression > previous.compression or target.rung > previous.rung:
+            self._move_to(target)
+            if target.compression > previous.compression or target.rung > previous.rung or target.split > 1:
                 release_cached_memory(self._device)  # so the device (and NVML) sees the memory freed
             units = self._rungs.units_at(target.rung)
             rank_zero_info(
@@ -396,8 +425,9 @@ class AdaptiveBandLimit(BandLimit):
             decision.reason,
             decision.free,
             peak,
-            self.controller.slowdown(self.rung),
+            self.controller.slowdown(self.rung, self.split),
             base,
+            self.split,
         )
         self.decisions.append(record)
         log_decision(pl_module, type(self).__name__, record)
@@ -418,17 +448,18 @@ class AdaptiveBandLimit(BandLimit):
             )
             return
         retry = self._events.out_of_memory(previous)
-        self.compression, self.rung = retry.compression, retry.rung
+        self._move_to(retry)
         rank_zero_warn(
             f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step}; "
-            f"retrying the batch once at rung {self.rung}, compression {self.compression:.3f} "
-            f"(was rung {previous.rung}, compression {previous.compression:.3f})"
+            f"retrying the batch once at {self.setting} (was {previous})"
         )
         self._record_oom(trainer.global_step)
 
     def _record_oom(self, step: int) -> None:
         self.decisions.append(
-            decision_record(step, self.rung, self._rungs.units_at(self.rung), self.compression, OOM)
+            decision_record(
+                step, self.rung, self._rungs.units_at(self.rung), self.compression, OOM, split=self.split
+            )
         )
 
     @override
@@ -436,6 +467,8 @@ class AdaptiveBandLimit(BandLimit):
         super().teardown(trainer, pl_module, stage)
         self._stop_meters()
         self._rungs.release()  # the user's model as it was; a next fit re-applies the rung
+        if self._splits is not None:
+            self._splits.remove()
         if self._guarded is not None:
             self._guarded = unguard_training_step(self._guarded)
         if self.probe is not None and self._probe_spec == "auto":
@@ -448,6 +481,7 @@ class AdaptiveBandLimit(BandLimit):
         return {
             **super().state_dict(),
             "rung": self.rung,
+            "split": self.split,
             "stages": stages,
             "controller": self.controller.state_dict(),
         }
@@ -460,4 +494,6 @@ class AdaptiveBandLimit(BandLimit):
             controller["rungs"], state_dict = 0, {**state_dict, "rung": 0, "stages": None}
         self.rung = int(state_dict.get("rung", 0))  # applied once the stages are known
         self._rungs.saved_stages = state_dict.get("stages")
+        if self._splits is not None:
+            self._splits.split = int(state_dict.get("split", 1))
         self._events.restore(controller)

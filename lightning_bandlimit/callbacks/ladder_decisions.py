@@ -287,6 +287,7 @@ class Agreed(NamedTuple):
     measured: JobMemory
     top: int  # the lowest top rung of any rank
     continuum_on_top: bool  # on the top rung only if on every rank
+    splits: int = 0  # the fewest micro-batch splits any rank has on its ladder
 
 
 def agree_across_ranks(
@@ -295,7 +296,8 @@ def agree_across_ranks(
     """What every rank decides from: the least free memory and total, the largest peak, the
     largest step increment (peak less ``base``, what the rank held at the step's start; only
     when every rank measured it), the lowest top rung of any rank, and the continuum on the top
-    rung only if every rank's blocks keep their spectrum; ``None`` when any rank has no reading
+    rung only if every rank's blocks keep their spectrum, the fewest splits of any rank's ladder;
+    ``None`` when any rank has no reading
     (``mine=None``: its probe failed or stopped), so that every rank skips the check together.
     One collective (``strategy.reduce`` with ``reduce_op="max"``); the caller gives the agreed
     top rung and continuum to its controller."""
@@ -305,7 +307,7 @@ def agree_across_ranks(
     measured = peak is not None and base is not None
     increment = float(peak - base) if measured else 0.0  # type: ignore[operator]
     vector = [-free, -total, float(peak or 0), -controller.top, -on_top, float(mine is None), increment]
-    vector.append(float(not measured))
+    vector += [float(not measured), -float(len(controller.splits))]
     agreed = strategy.reduce(
         torch.tensor(vector, dtype=torch.float64, device=device), reduce_op="max"
     ).tolist()
@@ -319,9 +321,8 @@ def agree_across_ranks(
     base_agreed = None
     if agreed[7] < 0.5 and peak_agreed is not None:
         base_agreed = max(0, peak_agreed - int(agreed[6]))
-    return Agreed(
-        JobMemory(agreed_reading, peak_agreed, base_agreed), int(round(-agreed[3])), -agreed[4] > 0.5
-    )
+    memory = JobMemory(agreed_reading, peak_agreed, base_agreed)
+    return Agreed(memory, int(round(-agreed[3])), -agreed[4] > 0.5, int(round(-agreed[8])))
 
 
 def decision_record(
@@ -334,12 +335,15 @@ def decision_record(
     peak: int | None = None,
     slowdown: float | None = None,
     baseline: int | None = None,
+    split: int = 1,
 ) -> dict[str, Any]:
     """One entry of ``AdaptiveBandLimit.decisions``: the setting after a check, and why
-    (``baseline``: what the job held at its measured step's start)."""
+    (``baseline``: what the job held at its measured step's start; ``split``: the chunks a
+    step's batch runs in)."""
     return {
         "step": step,
         "rung": rung,
+        "split": split,
         "checkpointed_units": units,
         "compression": compression,
         "reason": reason,
@@ -352,7 +356,7 @@ def decision_record(
 
 def log_decision(pl_module: pl.LightningModule, name: str, record: dict[str, Any]) -> None:
     """Log a check's record as ``{name}/free_bytes``, ``.../decision``, ``.../rung``,
-    ``.../checkpointed_units`` and, when known, ``.../slowdown``, ``.../job_peak_bytes`` and
+    ``.../checkpointed_units``, ``.../split`` and, when known, ``.../slowdown``, ``.../job_peak_bytes`` and
     ``.../baseline_bytes``."""
 
     def log(key: str, value: float) -> None:
@@ -362,6 +366,7 @@ def log_decision(pl_module: pl.LightningModule, name: str, record: dict[str, Any
     log("decision", REASON_CODES[record["reason"]])
     log("rung", float(record["rung"]))
     log("checkpointed_units", float(record["checkpointed_units"]))
+    log("split", float(record.get("split", 1)))
     if record["slowdown"] is not None:
         log("slowdown", record["slowdown"])
     if record["job_peak_bytes"]:
@@ -380,6 +385,9 @@ def describe_change(step: int, previous: Setting, decision: Decision, units: int
     changes = []
     if decision.rung != previous.rung:
         changes.append(f"rung {previous.rung} -> {decision.rung} ({units} units checkpointed)")
+    if decision.split != previous.split:
+        chunks = f"the batch in {decision.split} chunks" if decision.split > 1 else "the whole batch"
+        changes.append(f"split {previous.split} -> {decision.split} ({chunks})")
     if decision.compression != previous.compression:
         changes.append(f"compression {previous.compression:.3f} -> {decision.compression:.3f}")
     return (

@@ -56,10 +56,10 @@ class LadderEvents:
         if (message := self.controller.observe(setting, peak, base)) is not None:
             rank_zero_info(f"AdaptiveBandLimit: {message}")
 
-    def step_timed(self, rung: int, seconds: float) -> None:
-        """A step on ``rung`` at the floor compression took ``seconds``; a rung leaving the
-        ladder for its time is said."""
-        if (message := self.controller.observe_time(rung, seconds)) is not None:
+    def step_timed(self, rung: int, seconds: float, split: int = 1) -> None:
+        """A step on ``rung`` (at ``split``) at the floor compression took ``seconds``; a rung
+        leaving the ladder for its time is said."""
+        if (message := self.controller.observe_time(rung, seconds, split)) is not None:
             rank_zero_info(f"AdaptiveBandLimit: {message}")
 
     def ranks_agreed(
@@ -77,7 +77,7 @@ class LadderEvents:
                 )
                 self._said_skip = True
             return None
-        self.controller.on_ranks_agreed(agreed.top, agreed.continuum_on_top)
+        self.controller.on_ranks_agreed(agreed.top, agreed.continuum_on_top, agreed.splits)
         return agreed.measured
 
     def decide(self, reading: MemoryReading, current: Setting, peer_memory: float | None = None) -> Decision:
@@ -97,6 +97,10 @@ class LadderEvents:
     def out_of_memory(self, current: Setting) -> Setting:
         """A step ran out of memory at ``current``: the setting to retry it with."""
         return self.controller.on_oom(current)
+
+    def splits_chosen(self, splits: tuple[int, ...]) -> None:
+        """The micro-batch splits the ladder may use (tried exact; ``()``: none)."""
+        self.controller.on_splits_chosen(splits)
 
     def restore(self, state: dict[str, Any]) -> None:
         """The controller's state from a checkpoint."""

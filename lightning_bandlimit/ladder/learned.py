@@ -307,10 +307,12 @@ class LadderModel:
                 return upper
         return None
 
-    def on_ranks_agreed(self, top: int, continuum_on_top: bool) -> None:
-        """The ranks agreed on the top rung (the lowest of theirs) and on where the continuum
-        runs (on the top rung only if on every rank): a lower top than this rank's is taken as if
-        this rank had lowered it (the continuum moves down with it).
+    def on_ranks_agreed(self, top: int, continuum_on_top: bool, splits: int | None = None) -> None:
+        """The ranks agreed on the top rung (the lowest of theirs), on where the continuum runs
+        (on the top rung only if on every rank) and on how many splits the ladder has (the
+        fewest of any rank's; ``None``: not agreed): a lower top than this rank's is taken as if
+        this rank had lowered it (the continuum moves down with it), fewer splits as if this
+        rank had only those.
 
         Raises:
             ValueError: for a negative ``top``.
@@ -320,6 +322,8 @@ class LadderModel:
         if top < self.top:
             self._lower_top(top)
         self.on_continuum_chosen(continuum_on_top)
+        if splits is not None and check_int("splits", splits, minimum=0) < len(self.splits):
+            self.on_splits_chosen(self.splits[:splits])
 
     def _lower_top(self, top: int) -> None:
         self.top = top

@@ -8,5 +8,6 @@
 
 from lightning_bandlimit.microbatch.chunks import batch_size, split_batch
 from lightning_bandlimit.microbatch.step import SplitStep, step_loss
+from lightning_bandlimit.microbatch.trial import SplitTrial, split_trial
 
-__all__ = ["SplitStep", "batch_size", "split_batch", "step_loss"]
+__all__ = ["SplitStep", "SplitTrial", "batch_size", "split_batch", "split_trial", "step_loss"]
