@@ -17,7 +17,10 @@ Per seed (same data, another training seed), the rows:
   engage.
 * **checkpointed**: the plain model with every residual block always checkpointed
   (``torch.utils.checkpoint``, non-reentrant; no callback): what a user could do instead.
-* **ladder**: ``AdaptiveBandLimit`` with both levers from compression 0, on each budget.
+* **ladder**: ``AdaptiveBandLimit`` with its three levers (checkpointing, the micro-batch split,
+  the compression) from compression 0, on each budget.
+* **ladder, no split** (deep trace): the ladder without the micro-batch lever (checkpointing,
+  then the compression), as it was before the lever.
 * **compression-only**: ``AdaptiveBandLimit(levers=["compression"])`` from ``--floor`` (default
   0, like the ladder), on each budget.
 * **ladder, no pressure**: the ladder on a budget four times the held memory: it never acts, so
@@ -73,6 +76,8 @@ from lightning_bandlimit.utils.files import atomic_write_json
 
 MIB = 2**20
 TRACES = ("today", "deep", "step", "early")
+LADDER = ["checkpoint", "microbatch", "compression"]
+NO_SPLIT = ["checkpoint", "compression"]
 STEP_TRACES = ("step", "early")
 STEP_RAMP = 0.001  # the step traces' rise: within one step of the run
 
@@ -135,7 +140,7 @@ def main() -> None:
     ]
     ramps = [t for t in traces if t not in STEP_TRACES]
     jumps = [t for t in traces if t in STEP_TRACES]
-    per_seed = (2 + ("today" in ramps) + 2 * len(ramps) if ramps else 0) + 3 * len(jumps)
+    per_seed = (2 + ("today" in ramps) + 2 * len(ramps) + ("deep" in ramps) if ramps else 0) + 3 * len(jumps)
     print(
         f"plan: {len(args.seeds)} seeds x (plain, checkpointed, ladder no pressure, and ladder + "
         f"compression-only on {ramps}; plain, ladder and compression-only on {jumps}) = "
@@ -159,13 +164,14 @@ def main() -> None:
             rung_range=_range(result, "rung"),
             checkpointed_units_range=_range(result, "checkpointed_units"),
             compression_range=_range(result, "compression"),
+            split_range=_range(result, "split"),
         )
         rows.append(row)
         print(
             f"seed {seed} {trace_name:<6} {setting:<20} acc {result.val_accuracy:.3f}  over budget "
             f"{row['over_budget_steps']:>3}/{row['steps']}  peak {result.peak_job_bytes / MIB:.0f} MiB  step "
             f"{result.step_ms:.0f} ms  wall {result.wall_s:.0f} s  rung {row['rung_range']}  c "
-            f"{row['compression_range']}",
+            f"{row['compression_range']}  split {row['split_range']}",
             flush=True,
         )
 
@@ -212,13 +218,16 @@ def main() -> None:
             budgets = {t: b for t, b in budgets.items() if t in ramps}
         if "today" in ramps:
             roomy = 4 * budget_for(plain, ramp, below=0.01)
-            idle = adaptive("ladder no pressure", roomy, ["checkpoint", "compression"], 0.0, thresholds)
+            idle = adaptive("ladder no pressure", roomy, LADDER, 0.0, thresholds)
             record(seed, "none", "ladder, no pressure", idle, roomy)
         for trace_name, budget in budgets.items():
             record(seed, trace_name, "plain", plain, budget)
             record(seed, trace_name, "checkpointed", checkpointed, budget)
-            ladder = adaptive(f"ladder {trace_name}", budget, ["checkpoint", "compression"], 0.0, thresholds)
+            ladder = adaptive(f"ladder {trace_name}", budget, LADDER, 0.0, thresholds)
             record(seed, trace_name, "ladder", ladder, budget)
+            if trace_name == "deep":
+                unsplit = adaptive(f"ladder no split {trace_name}", budget, NO_SPLIT, 0.0, thresholds)
+                record(seed, trace_name, "ladder, no split", unsplit, budget)
             limited = adaptive(
                 f"compression-only {trace_name}", budget, ["compression"], args.floor, thresholds
             )
@@ -240,7 +249,7 @@ def main() -> None:
             record(seed, trace_name, "plain", plain_step, step_budget)
             results = [plain_step]
             for setting, levers in (
-                ("ladder", ["checkpoint", "compression"]),
+                ("ladder", LADDER),
                 ("compression-only", ["compression"]),
             ):
                 result = adaptive(
@@ -263,11 +272,11 @@ def main() -> None:
     lines = [
         f"{'trace':<6} {'setting':<20} {'over budget':>11} {'val acc':>15} "
         f"{'acc - plain, points (95 % CI)':>32} {'wall / plain':>17} {'step / plain':>17} {'units':>6} "
-        f"{'compression':>11}"
+        f"{'compression':>11} {'split':>5}"
     ]
     for trace_name in traces:
         plain_rows = cell(trace_name, "plain")
-        for setting in ("plain", "checkpointed", "ladder", "compression-only"):
+        for setting in ("plain", "checkpointed", "ladder", "ladder, no split", "compression-only"):
             group = cell(trace_name, setting)
             if not group:
                 continue  # no checkpointed row on the step trace
@@ -287,6 +296,7 @@ def main() -> None:
                 "rung_max": max(group[s]["rung_range"][1] for s in seeds),
                 "checkpointed_units_max": max(group[s]["checkpointed_units_range"][1] for s in seeds),
                 "compression_max": max(group[s]["compression_range"][1] for s in seeds),
+                "split_max": max(group[s].get("split_range", [1, 1])[1] for s in seeds),
             }
             summary.append(entry)
             accs = entry["val_accuracy"]
@@ -300,7 +310,8 @@ def main() -> None:
             lines.append(
                 f"{trace_name:<6} {setting:<20} {over:>11} {spread:>15} {versus:>32} "
                 f"{_ratio(entry['wall_over_plain']):>17} {_ratio(entry['step_over_plain']):>17} "
-                f"{entry['checkpointed_units_max']:>6} {entry['compression_max']:>11.2f}"
+                f"{entry['checkpointed_units_max']:>6} {entry['compression_max']:>11.2f} "
+                f"{entry['split_max']:>5}"
             )
     idle = cell("none", "ladder, no pressure")
     plain_today = cell("today", "plain")
@@ -343,10 +354,14 @@ def main() -> None:
             "no pressure: ladder step time <= 1.03x plain (mean)": statistics.fmean(idle_ratio) <= 1.03,
         }
     if "deep" in traces:
+        deep_ladder = entry("deep", "ladder")
+        deep_diff = PairedDifference(**deep_ladder["accuracy_minus_plain_points"])
         verdicts |= {
             "deep: ladder 0 over-budget steps in every seed": all(
-                n == 0 for n in entry("deep", "ladder")["over_budget_steps"]
+                n == 0 for n in deep_ladder["over_budget_steps"]
             ),
+            "deep: ladder within 2 points of plain (paired mean)": deep_diff.mean >= -2.0,
+            "deep: ladder keeps compression 0 (exact levers only)": deep_ladder["compression_max"] == 0,
             "deep: checkpointing alone over budget in every seed": all(
                 n > 0 for n in entry("deep", "checkpointed")["over_budget_steps"]
             ),

@@ -166,6 +166,7 @@ class SharedBudget(Callback):
                 "peer_bytes": self._step_peers,
                 "compression": band.compression if band is not None else 0.0,
                 "rung": getattr(band, "rung", 0),
+                "split": getattr(band, "split", 1),
                 "checkpointed_units": sum(is_checkpointed(m) for m in pl_module.modules()),
                 "over_budget": over,
             }

@@ -275,7 +275,7 @@ def main(
             min_free=min_free,
             release_free=release_free,
             recalibrate_bn=RECALIBRATE_BN,
-            levers=["checkpoint", "compression"],
+            levers=["checkpoint", "microbatch", "compression"],
         )
     )
     print(

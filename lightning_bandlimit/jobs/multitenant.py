@@ -78,8 +78,8 @@ class JobSpec:
         release_free: ``adaptive``: free bytes above which compression is given back.
         recalibrate_bn: ``fixed`` / ``adaptive``: training batches BatchNorm statistics are
             re-estimated over before each validation (``0``: off).
-        levers: ``adaptive``: the levers (``["checkpoint", "compression"]``, the ladder, by
-            default; ``["compression"]``: compression only).
+        levers: ``adaptive``: the levers (the ladder's three by default; ``["compression"]``:
+            compression only).
         device: a folder the training jobs of one budget share (several jobs on one device):
             each registers its process there, and the others count against the budget as the
             co-tenant does, each at the larger of its resident set and its last step's peak (what
@@ -113,7 +113,7 @@ class JobSpec:
     min_free: int | None = None
     release_free: int | None = None
     recalibrate_bn: int = 8
-    levers: list[str] = field(default_factory=lambda: ["checkpoint", "compression"])
+    levers: list[str] = field(default_factory=lambda: ["checkpoint", "microbatch", "compression"])
     device: str | None = None
     coordinate: bool = False
     seed: int | None = None
