@@ -388,13 +388,18 @@ CONTROLLER_EVENTS = {
     "on_outside_change",  # a change the controller did not decide
     "on_ranks_agreed",  # the ranks agreed on the top rung and the continuum
     "on_stages_measured",  # the stages measured (or only counted)
+    "on_splits_chosen",  # the micro-batch splits tried, once the first batch ran
 }
 CONTROLLER_QUERIES = {
     "clamp",
+    "exact_points",
+    "hinted",
     "idle_from",
     "lossy",
     "lossy_rung",
+    "lossy_split",
     "make_room",
+    "measured",
     "peak_noise",
     "peer_memory",
     "predict",

@@ -397,8 +397,8 @@ class LadderModel:
                 return self.rung_memory.points[setting.rung]
             saving = self._hinted_saving(setting.rung, peak)
             return None if saving is None else peak - saving
-        top = self.rung_memory.points.get(self.top)
-        return self.split_memory.hint(setting.split, top, self.baseline)
+        # the top rung measured, else (conservatively) the highest measured rung below it
+        return self.split_memory.hint(setting.split, self.predict_rung(self.top), self.baseline)
 
     def clamp(self, c: float) -> float:
         """``c`` within ``[min_compression, max_compression]``."""

@@ -31,6 +31,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from lightning_bandlimit.microbatch._lightning import logged_per_chunk
 from lightning_bandlimit.microbatch.chunks import batch_size, split_batch
 
 __all__ = ["SplitStep", "step_loss"]
@@ -166,21 +167,23 @@ class SplitStep:
             self._zero_grad_skipped = True
         done: list[torch.Tensor] = []  # the chunks' weighted losses, detached
         self.chunks = len(parts)
-        for index, (part, count) in enumerate(parts):
-            weight = count / size
-            last = index == len(parts) - 1
-            with contextlib.nullcontext() if last else _no_sync(trainer.strategy):
-                output = original(part, *rest, **kwargs)
-                loss = step_loss(output)
-                if loss is None:
-                    return self._skipped(index, first)
-                if last:
-                    value = weight * loss + sum(done) if done else weight * loss
-                    return _with_loss(output, value)
-                with self._chunk():
-                    trainer.strategy.backward(loss * (weight / accumulate), optimizer)
-                done.append(weight * loss.detach())
-                del output, loss
+        with logged_per_chunk(trainer) as logging_chunk:
+            for index, (part, count) in enumerate(parts):
+                weight = count / size
+                last = index == len(parts) - 1
+                logging_chunk(part)
+                with contextlib.nullcontext() if last else _no_sync(trainer.strategy):
+                    output = original(part, *rest, **kwargs)
+                    loss = step_loss(output)
+                    if loss is None:
+                        return self._skipped(index, first)
+                    if last:
+                        value = weight * loss + sum(done) if done else weight * loss
+                        return _with_loss(output, value)
+                    with self._chunk():
+                        trainer.strategy.backward(loss * (weight / accumulate), optimizer)
+                    done.append(weight * loss.detach())
+                    del output, loss
         raise AssertionError("unreachable: the last chunk returns")
 
     @contextlib.contextmanager

@@ -60,8 +60,9 @@ class SplitTrial:
         difference: ``||g_split - g_whole|| / ||g_whole||`` in eval mode (``nan``: not run).
         tolerance: the largest difference round-off allows at the parameters' dtype and the
             step's precision.
-        batch_norm_difference: the same in train mode (the BatchNorm layers on each chunk's
-            statistics), when the module has BatchNorm layers in training mode; else ``None``.
+        batch_norm_difference: the same with the BatchNorm layers in train mode (on each
+            chunk's statistics; the rest in eval mode, dropout off), when the module has
+            BatchNorm layers in training mode; else ``None``.
         reason: why the split is refused; ``None``: it is exact.
 
     Example:
@@ -187,7 +188,8 @@ def _trial(
     modules = list(module.modules())
     batch_norms = [m for m in modules if isinstance(m, _BatchNorm) and m.training]
     run = _Passes(module, batch, batch_idx, split, context, params)
-    with _untouched(module, params[0].device):
+    # the caller may be under no_grad or inference_mode (its batch then of inference tensors)
+    with torch.inference_mode(False), torch.enable_grad(), _untouched(module, params[0].device):
         for m in modules:  # eval mode: BatchNorm on its running statistics, dropout off
             m.training = False
         compared = run.compare()
@@ -272,7 +274,7 @@ class _Passes:
         total: list[torch.Tensor] | None = None
         _seed(self.params[0].device)
         for index, (piece, weight) in enumerate(pieces):
-            with torch.inference_mode(False), torch.enable_grad(), self.context():
+            with self.context():
                 loss = step_loss(self.module.training_step(piece, *self.args))  # type: ignore[operator]
             if loss is None:
                 return index
@@ -345,7 +347,7 @@ def _no_log(*args: Any, **kwargs: Any) -> None:
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
-    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
 def _first_line(error: BaseException) -> str:

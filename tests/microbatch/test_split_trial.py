@@ -1,0 +1,247 @@
+"""The split tried before use: exact for a mean loss, refused for a summed or in-batch loss, and
+the run left exactly as it was."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from _helpers import cpu_trainer
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics.classification import MulticlassAccuracy
+
+from lightning_bandlimit.microbatch import SplitTrial, split_trial
+
+
+class Net(pl.LightningModule):
+    """An MLP on ``(x, y)`` batches.
+
+    Args:
+        loss: ``"mean"`` (cross-entropy), ``"sum"`` (summed over samples), ``"negatives"`` (in-batch
+            negatives: each sample's embedding against every other's in its batch), ``"zero"``
+            (a loss with zero gradient), ``"none"`` (no loss), ``"none_small"`` (no loss for a
+            batch of fewer than 8 samples), ``"raise"``, ``"oom"``.
+        batch_norm: a BatchNorm layer after the first linear layer.
+        metric: a torchmetrics accuracy updated in each step.
+        log: ``self.log`` the batch's sample count (summed over the epoch).
+    """
+
+    def __init__(self, loss: str = "mean", batch_norm: bool = False, metric: bool = False, log: bool = False):
+        super().__init__()
+        norm = nn.BatchNorm1d(16) if batch_norm else nn.Identity()
+        self.net = nn.Sequential(nn.Linear(5, 16), norm, nn.Tanh(), nn.Dropout(0.5), nn.Linear(16, 3))
+        self.loss, self.logs = loss, log
+        self.acc = MulticlassAccuracy(num_classes=3) if metric else None
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        if self.loss == "raise":
+            raise RuntimeError("boom in training_step")
+        if self.loss == "oom":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        if self.loss == "none" or (self.loss == "none_small" and len(x) < 8):
+            return None
+        z = self.net(x)
+        if self.logs:
+            self.log("samples", float(len(x)), on_step=False, on_epoch=True, reduce_fx="sum")
+        if self.acc is not None:
+            self.acc.update(z, y)
+        if self.loss == "sum":
+            return nn.functional.cross_entropy(z, y, reduction="sum")
+        if self.loss == "negatives":
+            return nn.functional.cross_entropy(z @ z.T, torch.arange(len(z)))
+        if self.loss == "zero":
+            return 0 * z.sum()
+        return nn.functional.cross_entropy(z, y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _batch(n: int = 16, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 5, generator=g, dtype=torch.float64).to(dtype)
+    return x, torch.randint(0, 3, (n,), generator=g)
+
+
+def _net(dtype: torch.dtype = torch.float64, **kwargs: Any) -> Net:
+    return Net(**kwargs).to(dtype)
+
+
+@pytest.mark.parametrize("split", [2, 3, 4])
+def test_a_mean_loss_is_exact_in_float64(split: int) -> None:
+    result = split_trial(_net(), _batch(), 0, split=split)
+    assert isinstance(result, SplitTrial) and result.exact and result.reason is None
+    assert 0 <= result.difference < 1e-12 and result.tolerance == 1e-9
+    assert result.batch_norm_difference is None
+
+
+def test_a_mean_loss_is_exact_in_float32() -> None:
+    result = split_trial(_net(torch.float32), _batch(dtype=torch.float32), 0)
+    assert result.exact and result.tolerance == 1e-4 and result.difference < 1e-5
+
+
+def test_under_bf16_autocast_the_tolerance_is_wider_and_the_mlp_exact() -> None:
+    def bf16() -> torch.autocast:
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    result = split_trial(_net(torch.float32), _batch(dtype=torch.float32), 0, context=bf16)
+    assert result.tolerance == 3e-2 and result.exact
+    assert 0 < result.difference < 3e-2  # bf16 rounds each chunk's forward its own way
+
+
+@pytest.mark.parametrize("split", [2, 3])  # 3: chunks of 6, 5 and 5
+def test_a_summed_loss_is_refused_as_summed(split: int) -> None:
+    result = split_trial(_net(loss="sum"), _batch(), 0, split=split)
+    assert not result.exact and result.difference > 0.3
+    assert result.reason is not None and "summed over samples, not averaged" in result.reason
+
+
+def test_in_batch_negatives_are_refused() -> None:
+    result = split_trial(_net(loss="negatives"), _batch(), 0)
+    assert not result.exact and result.difference > result.tolerance
+    assert result.reason is not None and "in-batch negatives" in result.reason
+    assert "summed" not in result.reason
+
+
+def test_batch_norm_is_judged_in_eval_mode_and_its_ghost_batch_difference_reported() -> None:
+    module = _net(batch_norm=True)
+    result = split_trial(module, _batch(), 0)
+    assert result.exact and result.difference < 1e-12
+    assert result.batch_norm_difference is not None and result.batch_norm_difference > 1e-3
+    # in eval mode already: nothing to compare in train mode
+    assert split_trial(_net(batch_norm=True).eval(), _batch(), 0).batch_norm_difference is None
+
+
+def test_the_run_is_left_as_it_was() -> None:
+    module = _net(batch_norm=True, metric=True)
+    module.net[3].eval()  # mixed training flags: the dropout in eval mode, the rest training
+    batch = _batch()
+    with torch.no_grad():  # a BatchNorm with statistics of its own, a metric with a state
+        module.net[1].running_mean.uniform_()
+        module.net[1].num_batches_tracked.fill_(7)
+    module.training_step(_batch(12), 0)
+    for p in module.parameters():
+        p.grad = torch.randn_like(p)
+    flags = [m.training for m in module.modules()]
+    params = [p.detach().clone() for p in module.parameters()]
+    grads = [p.grad.clone() for p in module.parameters()]
+    stats = {k: v.clone() for k, v in module.net[1].state_dict().items()}
+    metric = {name: getattr(module.acc, name).clone() for name in module.acc._defaults}
+    updates = module.acc._update_count
+    rng, python_rng = torch.get_rng_state(), random.getstate()
+    copy = [t.clone() for t in batch]
+
+    result = split_trial(module, batch, 3, split=4)
+
+    assert result.exact and result.batch_norm_difference is not None and result.batch_norm_difference > 0
+    assert [m.training for m in module.modules()] == flags
+    assert all(torch.equal(p, q) for p, q in zip(module.parameters(), params))
+    assert all(torch.equal(p.grad, g) for p, g in zip(module.parameters(), grads))
+    assert all(torch.equal(v, stats[k]) for k, v in module.net[1].state_dict().items())
+    assert all(torch.equal(getattr(module.acc, name), value) for name, value in metric.items())
+    assert module.acc._update_count == updates == 1
+    assert torch.equal(torch.get_rng_state(), rng) and random.getstate() == python_rng
+    assert all(torch.equal(a, b) for a, b in zip(batch, copy))
+    assert "log" not in vars(module) and "log_dict" not in vars(module)
+
+
+def test_a_training_step_changing_its_batch_in_place_leaves_the_real_batch_alone() -> None:
+    class InPlace(Net):
+        def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+            batch[0].mul_(2)
+            return super().training_step(batch, batch_idx)
+
+    batch = _batch()
+    copy = batch[0].clone()
+    assert split_trial(InPlace().double(), batch, 0).exact
+    assert torch.equal(batch[0], copy)
+
+
+def test_a_training_step_without_batch_idx_is_tried() -> None:
+    class NoIndex(Net):
+        def training_step(self, batch):  # type: ignore[no-untyped-def,override]
+            return super().training_step(batch, 0)
+
+    assert split_trial(NoIndex().double(), _batch(), 5).exact
+
+
+class TrialAtBatchEnd(pl.Callback):
+    def __init__(self) -> None:
+        self.results: list[SplitTrial] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        context = trainer.precision_plugin.train_step_context
+        self.results.append(split_trial(pl_module, batch, batch_idx, context=context))
+
+
+def test_self_log_during_the_trial_logs_nothing() -> None:
+    # the trial runs in on_train_batch_end, where self.log is allowed: unpatched, the trial's
+    # passes would add their samples to the epoch's sum
+    module = Net(log=True)
+    callback = TrialAtBatchEnd()
+    x, y = _batch(64, torch.float32)
+    trainer = cpu_trainer([callback], max_epochs=1)
+    trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=16))
+    assert len(callback.results) == 4 and all(r.exact for r in callback.results)
+    assert trainer.callback_metrics["samples"].item() == 64.0  # the real steps' samples only
+    assert "log" not in vars(module) and "log_dict" not in vars(module)
+
+
+def test_no_loss_is_a_reason() -> None:
+    result = split_trial(_net(loss="none"), _batch(), 0)
+    assert not result.exact and result.reason == "training_step returned no loss for the whole batch"
+    result = split_trial(_net(loss="none_small"), _batch(), 0)  # the chunks of 8 and 8 have a loss
+    assert result.exact
+    result = split_trial(_net(loss="none_small"), _batch(10), 0)  # chunks of 5: no loss
+    assert result.reason == "training_step returned no loss for chunk 1 of 2"
+
+
+def test_a_batch_too_small_or_without_tensors_is_a_reason() -> None:
+    result = split_trial(_net(), _batch(1), 0)
+    assert not result.exact and result.reason is not None and "a batch of 1 sample" in result.reason
+    result = split_trial(_net(), ("a", 1.0), 0)
+    assert result.reason is not None and "no tensor with a sample dimension" in result.reason
+
+
+def test_an_exception_in_training_step_is_a_reason_and_leaves_the_module_as_it_was() -> None:
+    module = _net(loss="raise")
+    result = split_trial(module, _batch(), 0)
+    assert not result.exact and result.reason is not None
+    assert "could not be tried: RuntimeError: boom in training_step" in result.reason
+    assert module.training and all(m.training for m in module.modules()) and "log" not in vars(module)
+
+
+def test_out_of_memory_is_a_reason() -> None:
+    result = split_trial(_net(loss="oom"), _batch(), 0)
+    assert result.reason == "the split could not be tried: out of memory"
+
+
+def test_a_zero_gradient_is_exact_when_the_split_is_zero_too() -> None:
+    result = split_trial(_net(loss="zero"), _batch(), 0)
+    assert result.exact and result.difference == 0.0
+
+
+@pytest.mark.parametrize("split", [1, 0, 2.0, True])
+def test_a_bad_split_is_refused(split: object) -> None:
+    with pytest.raises(ValueError, match=r"split must be an int >= 2, got"):
+        split_trial(_net(), _batch(), 0, split=split)  # type: ignore[arg-type]
+
+
+def test_a_module_without_training_step_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"pl_module must be a LightningModule .* got Linear"):
+        split_trial(nn.Linear(2, 2), _batch(), 0)
+
+
+def test_the_trial_runs_under_inference_mode_and_no_grad() -> None:
+    module, batch = _net(), _batch()
+    with torch.inference_mode():
+        assert split_trial(module, batch, 0).exact
+        inference_batch = _batch()  # a batch of inference tensors (as a validation loop's)
+        assert split_trial(module, inference_batch, 0).exact
+    with torch.no_grad():
+        assert split_trial(module, batch, 0).exact
