@@ -81,6 +81,8 @@ class SplitStep:
         self._trainer: pl.Trainer | None = None
         self._module: pl.LightningModule | None = None
         self._zero_grad_skipped = False
+        self._previous_step: Any = None
+        self._previous_zero_grad: Any = None
         self._said: set[str] = set()
 
     @property
@@ -98,6 +100,7 @@ class SplitStep:
         def training_step(*args: Any, **kwargs: Any) -> Any:
             return self._step(original, args, kwargs)
 
+        self._previous_step = vars(strategy).get("training_step")  # another wrapper's, kept
         strategy.training_step = training_step  # type: ignore[method-assign]
         self._trainer, self._module = trainer, pl_module
 
@@ -105,7 +108,7 @@ class SplitStep:
         """The strategy's own ``training_step`` again; Lightning's ``zero_grad`` back."""
         self.end_step()
         if self._trainer is not None:
-            vars(self._trainer.strategy).pop("training_step", None)
+            _restore(self._trainer.strategy, "training_step", self._previous_step)
         self._trainer = self._module = None
         self.chunks = 1
 
@@ -118,7 +121,7 @@ class SplitStep:
     def end_step(self) -> None:
         """A training batch ended: Lightning's ``zero_grad`` hook is the module's again."""
         if self._zero_grad_skipped and self._module is not None:
-            vars(self._module).pop("optimizer_zero_grad", None)
+            _restore(self._module, "optimizer_zero_grad", self._previous_zero_grad)
         self._zero_grad_skipped = False
 
     def _say(self, key: str, message: str) -> None:
@@ -163,6 +166,7 @@ class SplitStep:
         first = self.batch_idx % accumulate == 0
         if first:  # Lightning zeroes after training_step returns: here, before the first chunk
             module.optimizer_zero_grad(trainer.current_epoch, self.batch_idx, optimizer)
+            self._previous_zero_grad = vars(module).get("optimizer_zero_grad")  # the user's own, kept
             module.optimizer_zero_grad = _no_zero_grad  # type: ignore[method-assign]
             self._zero_grad_skipped = True
         done: list[torch.Tensor] = []  # the chunks' weighted losses, detached
@@ -205,6 +209,14 @@ class SplitStep:
             "none", f"training_step returned no loss for a chunk of a split batch; that step is skipped{kept}"
         )
         return None
+
+
+def _restore(owner: Any, name: str, previous: Any) -> None:
+    """``owner.name`` as before it was wrapped: ``previous`` (an instance attribute), else the class's."""
+    if previous is None:
+        vars(owner).pop(name, None)
+    else:
+        setattr(owner, name, previous)
 
 
 def _no_zero_grad(*args: Any, **kwargs: Any) -> None:

@@ -307,3 +307,30 @@ def test_ddp_split_trains_the_whole_batch_weights_with_one_all_reduce_per_step(t
         # the chunks before the last are held back (no_sync): one all-reduce per optimizer step
         assert split["allreduces"] == whole["allreduces"] >= 8 and whole["allreduces"] % 8 == 0
     assert ranks[0]["split"]["weights"] == ranks[1]["split"]["weights"]  # the ranks agree
+
+
+def test_remove_gives_back_a_wrapper_and_a_zero_grad_hook_that_were_there_before() -> None:
+    calls: list[str] = []
+
+    class Wrapped(Driver):
+        def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            original = trainer.strategy.training_step
+
+            def outer(*args: Any, **kwargs: Any) -> Any:  # another library's wrapper, installed first
+                calls.append("outer")
+                return original(*args, **kwargs)
+
+            trainer.strategy.training_step = outer  # type: ignore[method-assign]
+            self.outer = outer
+            pl_module.optimizer_zero_grad = self.own_zero_grad  # type: ignore[method-assign]
+            super().on_fit_start(trainer, pl_module)
+
+        def own_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+            calls.append("zero_grad")
+            optimizer.zero_grad()
+
+    driver = Wrapped(2)
+    _, module, _, trainer = _fit(2, driver=driver)
+    assert vars(trainer.strategy)["training_step"] is driver.outer  # not the class's: the wrapper's
+    assert vars(module)["optimizer_zero_grad"] == driver.own_zero_grad
+    assert calls.count("outer") == 16 and calls.count("zero_grad") == 8  # 8 steps, 2 chunks, zeroed once
