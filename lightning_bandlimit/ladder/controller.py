@@ -219,9 +219,11 @@ class LadderController(LadderModel):
             ramp = self._others.ramp
             sure = ramp > 0 and reading.free < ramp
             target = self._escalate(current, shortfall * (1 + self.margin), sure)
-            if target.compression > current.compression and shortfall <= self.peak_noise < reading.free:
-                # a shortfall within the noise of the job's own peak, and that noise still free:
-                # no lossy change for it (the exact rungs still take any shortfall)
+            costly = target.compression > current.compression or target.split > current.split
+            if costly and shortfall <= self.peak_noise < reading.free:
+                # a shortfall within the noise of the job's own peak, and that noise still free: no
+                # lossy change and no split for it (the slowest exact lever, inexact with
+                # BatchNorm); the rungs still take any shortfall
                 target = replace(current, rung=min(current.rung, self.top))
                 reason = LOWER if target.rung < current.rung else RAISE
                 return self._change(target, current, reason, reading.free, low)

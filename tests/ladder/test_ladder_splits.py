@@ -175,3 +175,14 @@ def test_split_memory_bounds_and_bad_splits() -> None:
         check_splits([1, 2])
     with pytest.raises(TypeError, match="ints"):
         check_splits([2.0])
+
+
+def test_a_shortfall_within_the_noise_of_the_peak_takes_no_split() -> None:
+    ladder = _ladder()
+    for peak in (800, 803, 800):  # the top rung's peak moves by 3 between checks: its noise
+        ladder.observe(Setting(2, 0.0), peak, base=BASE)
+    assert ladder.peak_noise == 3
+    within = ladder.decide(_reading(98), Setting(2, 0.0))  # 2 short, 98 still free
+    assert within.setting == Setting(2, 0.0)
+    beyond = ladder.decide(_reading(90), Setting(2, 0.0))  # 10 short: beyond the noise
+    assert beyond.setting == Setting(2, 0.0, split=2)
