@@ -52,7 +52,13 @@ def _data() -> SyntheticImageDataModule:
 
 
 def _callback(frees: list[int] = PRESSURE, **kwargs: Any) -> AdaptiveBandLimit:
-    kwargs = {**SCRIPTED_ADAPTIVE, "continuum_rung": "zero", **kwargs}
+    # the rungs and the continuum; with the micro-batch lever between them: test_adaptive_splits.py
+    kwargs = {
+        **SCRIPTED_ADAPTIVE,
+        "continuum_rung": "zero",
+        "levers": ("checkpoint", "compression"),
+        **kwargs,
+    }
     return AdaptiveBandLimit(probe=ScriptedProbe(free=frees, total=TOTAL), **kwargs)
 
 
@@ -355,6 +361,7 @@ class _TwoRanks:
         on_top: bool = False,
         failed: bool = False,
         base: int | None = None,
+        splits: int = 0,
     ) -> None:
         measured = peak is not None and base is not None
         increment = float(peak - base) if measured else 0.0
@@ -368,6 +375,7 @@ class _TwoRanks:
                 float(failed),
                 increment,
                 float(not measured),
+                -float(splits),
             ]
         )
 
@@ -434,6 +442,15 @@ def test_ranks_decide_from_the_largest_step_increment(
     trainer = _TwoRanks(600, 1000, other[0], 4, base=other[1])
     _, peak, base = _agree(callback, trainer, MemoryReading(1000, 600, "scripted"), *mine)
     assert (peak, base) == agreed
+
+
+@pytest.mark.parametrize(("other", "agreed"), [(3, (2, 4, 8)), (1, (2,)), (0, ())])
+def test_ranks_split_only_as_far_as_every_rank_can(other: int, agreed: tuple[int, ...]) -> None:
+    # a rank whose batch is smaller, or whose trial refused the split, has fewer splits (or none)
+    callback = _agreeing()
+    callback.controller.on_splits_chosen((2, 4, 8))
+    _agree(callback, _TwoRanks(600, 1000, 300, 4, splits=other), MemoryReading(1000, 600, "scripted"), 300)
+    assert callback.controller.splits == agreed
 
 
 @pytest.mark.parametrize(("mine", "other"), [(True, True), (True, False), (False, True), (False, False)])

@@ -20,6 +20,7 @@ from zoo.models import batch, build
 
 from lightning_bandlimit import SavedTensorMeter, bandlimit, set_compression
 from lightning_bandlimit.ladder import LadderController, Setting
+from lightning_bandlimit.microbatch import split_batch, split_trial
 from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint_units
 
 SEED = 1234
@@ -34,6 +35,7 @@ CELLS = (
     "bf16",
     "channels_last",
     "compile",
+    "split",
 )
 #: the models the ``compile`` cell runs on (torch.compile is slow to warm up on CPU)
 COMPILE_MODELS = ("resnet50", "mobilenet_v3_small", "timm/resnet18")
@@ -336,6 +338,123 @@ def compile_step(name: str) -> dict[str, Any]:
     return {"loss": loss.item(), "recompiles": recompiles if levels else None}
 
 
+# -- the micro-batch split ---------------------------------------------------------------------
+
+#: the split cell: a batch of this many samples, whole and in :data:`SPLIT_CHUNKS` chunks, float64
+SPLIT_BATCH = 4
+SPLIT_CHUNKS = 2
+#: the largest relative difference of the split's gradient from the whole batch's (float64)
+SPLIT_RTOL = 1e-12
+#: the class names of layers that draw random numbers in training mode (a chunk draws other
+#: numbers than its part of the whole batch does): put in eval mode for the train-mode comparison
+RANDOM_LAYERS = ("Dropout", "DropPath", "DropBlock", "StochasticDepth")
+
+
+def split(name: str) -> dict[str, Any]:
+    """The micro-batch split (``lightning_bandlimit.microbatch``): a batch of
+    :data:`SPLIT_BATCH` in :data:`SPLIT_CHUNKS` chunks, float64, a per-sample-mean cross-entropy.
+
+    * ``difference``: :func:`~lightning_bandlimit.microbatch.split_trial` on a minimal
+      LightningModule (the product's judgement, in eval mode): exact, within :data:`SPLIT_RTOL`,
+      on every model.
+    * ``train_difference``: the same comparison in training mode. Without BatchNorm (GroupNorm
+      and LayerNorm are per sample) the whole model in training mode, the chunks from
+      :func:`~lightning_bandlimit.microbatch.split_batch`, the random layers in eval mode
+      (:func:`random_layers_frozen`: a chunk would draw other dropout masks than its part of the
+      whole batch does, whatever the seed): within :data:`SPLIT_RTOL`. With BatchNorm each chunk
+      is normalised by its own statistics (ghost batches): ``split_trial``'s
+      ``batch_norm_difference`` (BatchNorm in training mode, dropout off), recorded, not judged;
+      the model then must still be exact in eval mode (``difference``).
+    """
+    import lightning.pytorch as pl
+
+    class Classifier(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = build(name, torch.float64)
+
+        def training_step(self, batch_: Any, _: int) -> torch.Tensor:
+            x, y = batch_
+            return F.cross_entropy(logits(self.model(x)), y)
+
+    module = Classifier()
+    batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules())
+    data = batch(name, n=SPLIT_BATCH, dtype=torch.float64)
+    trial = split_trial(module, data, 0, split=SPLIT_CHUNKS)
+    assert trial.exact, f"split_trial: {trial.reason}"
+    assert trial.difference <= SPLIT_RTOL, (
+        f"eval mode: the split's gradient differs from the whole batch's by {trial.difference:.3g} "
+        f"(relative) > {SPLIT_RTOL:g}"
+    )
+    assert (trial.batch_norm_difference is not None) == batch_norm, (
+        f"split_trial's batch_norm_difference {trial.batch_norm_difference} on a model "
+        f"{'with' if batch_norm else 'without'} BatchNorm"
+    )
+    if batch_norm:  # BatchNorm alone in training mode (dropout off): ghost batches, recorded
+        train_difference, frozen = trial.batch_norm_difference, None
+    else:
+        frozen = random_layers_frozen(module.train())
+        train_difference = split_difference(module, data, SPLIT_CHUNKS)
+        assert train_difference <= SPLIT_RTOL, (
+            f"train mode, no BatchNorm: the split's gradient differs from the whole batch's by "
+            f"{train_difference:.3g} (relative) > {SPLIT_RTOL:g}"
+        )
+    return {
+        "difference": trial.difference,
+        "batch_norm": batch_norm,
+        "train_difference": train_difference,
+        "frozen_random_layers": frozen,
+    }
+
+
+def random_layers_frozen(model: nn.Module) -> int:
+    """The layers that draw random numbers in training mode in eval mode (their class name has
+    one of :data:`RANDOM_LAYERS`: torch's dropout, torchvision's ``StochasticDepth``, timm's
+    ``DropPath`` and ``DropBlock2d``; and a module with a ``drop_rate > 0``: timm's classifiers'
+    functional dropout, e.g. GhostNet's, that module alone); returns how many of them drop
+    anything (a rate above 0, or none found)."""
+    dropping = 0
+    for module in model.modules():
+        rate = _drop_rate(module)
+        named = any(word in type(module).__name__ for word in RANDOM_LAYERS)
+        if named or (getattr(module, "drop_rate", 0) or 0) > 0:
+            module.training = False  # this module alone (a timm model's children stay in training)
+            dropping += rate is None or rate > 0
+    return dropping
+
+
+def _drop_rate(module: nn.Module) -> float | None:
+    for attribute in ("p", "drop_prob", "drop_rate"):
+        value = getattr(module, attribute, None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
+
+
+def split_difference(module: nn.Module, data: Any, chunks: int) -> float:
+    """``||g_split - g_whole|| / ||g_whole||`` of ``module.training_step``'s gradient, the chunks'
+    losses weighted by their share of the batch, in the modules' current modes."""
+    params = [p for p in module.parameters() if p.requires_grad]
+
+    def gradient(pieces: list[tuple[Any, float]]) -> list[torch.Tensor]:
+        total = [torch.zeros_like(p) for p in params]
+        for piece, weight in pieces:
+            loss = module.training_step(piece, 0)  # type: ignore[operator]
+            found = torch.autograd.grad(loss * weight, params, allow_unused=True)
+            total = [t if g is None else t + g for t, g in zip(total, found)]
+        return total
+
+    whole = gradient([(data, 1.0)])
+    parts = split_batch(data, chunks)
+    assert len(parts) == chunks, f"{len(parts)} chunks of a batch of {SPLIT_BATCH}"
+    size = sum(count for _, count in parts)
+    chunked = gradient([(part, count / size) for part, count in parts])
+    norm = math.sqrt(sum(g.double().norm().item() ** 2 for g in whole))
+    error = math.sqrt(sum((a - b).double().norm().item() ** 2 for a, b in zip(chunked, whole)))
+    assert norm > 0, "the whole batch's gradient is zero"
+    return error / norm
+
+
 # -- the ladder in a Trainer -------------------------------------------------------------------
 
 M = 1_000_000
@@ -446,6 +565,7 @@ CELL_FUNCTIONS = {
     "bf16": bf16,
     "channels_last": channels_last,
     "compile": compile_step,
+    "split": split,
 }
 
 
@@ -467,6 +587,7 @@ __all__ = [
     "COMPILE_MODELS",
     "RECOMPILE_MODELS",
     "LADDER_MODELS",
+    "SPLIT_RTOL",
     "applicable",
     "cells_for",
 ]

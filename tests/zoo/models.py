@@ -102,6 +102,7 @@ MODELS: dict[str, ZooModel] = {
     "timm/mixnet_s": ZooModel("MixNet", _timm("mixnet_s"), source="timm"),
     "timm/ghostnet_050": ZooModel("GhostNet", _timm("ghostnet_050"), source="timm"),
     "timm/repvgg_a0": ZooModel("RepVGG", _timm("repvgg_a0"), source="timm"),
+    "timm/nf_resnet26": ZooModel("NF-ResNet", _timm("nf_resnet26"), source="timm"),
 }
 
 
