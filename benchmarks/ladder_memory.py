@@ -15,6 +15,16 @@ multi-tenant jobs do) so that freed tensors leave the resident set.
 The curve's targets (issue 35) are printed per rung: the step peak at each compression at most
 that at the compression below plus 1 MiB (noise), and below the c = 0 peak from c = 0.2 on.
 
+With ``--splits 1 2 4 8`` also the micro-batch lever (``lightning_bandlimit.microbatch``): the
+band-limited model at c = 0 on rung 0 and on the top rung, its step's batch run in ``k`` chunks
+(:func:`~lightning_bandlimit.microbatch.split_batch`) as ``SplitStep`` runs it: the gradients
+zeroed once, each chunk's forward and backward with its loss weighted by its share of the batch,
+the optimizer stepping once. Per rung and split: the same step growth, the bytes saved for
+backward by the largest chunk (one chunk's graph lives at a time), and the median step time
+(after one untimed step: the first step at a shape costs seconds; the growth the minimum of the
+``--repeats`` steps), printed relative to split 1 on the same rung
+(measured whether asked or not) and written to the JSON's ``splits`` rows.
+
 Run: ``PYTHONPATH=. python benchmarks/ladder_memory.py`` (the quickstart model, c = 0, 0.1, ...,
 0.9: about 10 minutes on 2 CPU cores) and ``... --width 64 --batch 32 --ends --output
 benchmarks/results/ladder_memory_w64.json`` (rung 0 and the top rung only); writes the JSON and
@@ -25,14 +35,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from lightning_bandlimit.layers.surgery import bandlimit, set_compression
 from lightning_bandlimit.memory.process import peak_resident_bytes, reset_peak_resident, resident_bytes
+from lightning_bandlimit.microbatch import split_batch
 from lightning_bandlimit.models import ImageClassifier
 from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint_units
@@ -60,9 +74,19 @@ def main() -> None:
         "model's every rung takes over an hour on 2 CPU cores)",
     )
     parser.add_argument(
+        "--splits",
+        type=int,
+        nargs="+",
+        default=[],
+        help="also the micro-batch split: the band-limited model at c = 0 on rung 0 and the top rung, "
+        "its batch in each of these numbers of chunks (split 1 always measured; default: none)",
+    )
+    parser.add_argument(
         "--output", type=Path, default=Path(__file__).parent / "results" / "ladder_memory.json"
     )
     args = parser.parse_args()
+    if any(k < 1 for k in args.splits):
+        parser.error(f"--splits must be at least 1, got {args.splits}")
     if any(os.environ.get(k) != v for k, v in ENV.items()):
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ENV})
 
@@ -127,6 +151,25 @@ def main() -> None:
     verdicts = curve_verdicts(rows, rungs)
     for line in verdicts["lines"]:
         print(line)
+    extra: dict[str, Any] = {}
+    if args.splits:
+        set_compression(lean, 0.0)
+        splits = sorted({1, *args.splits})
+        split_rows = []
+        for rung in (0, rungs):
+            for k in splits:
+                split_rows.append(
+                    {
+                        "model": "band-limited",
+                        "compression": 0.0,
+                        "rung": rung,
+                        "split": k,
+                        **measure_split(lean, lean_stages, rung, x, y, k, args.repeats),
+                    }
+                )
+        relative_to_split1(split_rows)
+        print_splits(split_rows, args.batch, args.width)
+        extra["splits"] = split_rows
     atomic_write_json(
         args.output,
         {
@@ -139,9 +182,81 @@ def main() -> None:
             "env": ENV,
             "threads": torch.get_num_threads(),
             "versions": library_versions(),
+            **extra,
         },
     )
     print(f"wrote {args.output}")
+
+
+def measure_split(
+    model: nn.Module,
+    stages: CheckpointStages,
+    rung: int,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    split: int,
+    repeats: int,
+) -> dict[str, float]:
+    """One training step in ``split`` chunks, as ``SplitStep`` runs it (each chunk's loss weighted
+    by its share, back-propagated chunk by chunk into the same gradients, one optimizer step, the
+    gradients zeroed once: after the step, as :func:`main`'s ``measure`` does), once to warm up
+    (the first step at a shape costs seconds) and ``repeats`` times: the resident growth within
+    the step (the minimum of the repeats), the bytes the largest chunk saves for backward and the
+    median step time (of the repeats)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    stages.apply(rung)
+    growth, seconds = [], []
+    chunks = saved = 0
+    for _ in range(1 + repeats):  # a first step at the chunks' shape to warm up, not counted
+        reset_peak_resident()
+        start = resident_bytes()
+        began = time.perf_counter()
+        parts = split_batch((x, y), split)
+        chunks, saved = len(parts), 0
+        for (xc, yc), count in parts:
+            with SavedTensorMeter(exclude=model.parameters()) as meter:
+                loss = nn.functional.cross_entropy(model(xc), yc)
+            (loss * (count / x.shape[0])).backward()
+            saved = max(saved, meter.bytes)
+            del loss
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)  # as measure(): no gradient held at the step's start
+        seconds.append(time.perf_counter() - began)
+        growth.append((peak_resident_bytes() - start) / MIB)
+        del parts
+    return {
+        "chunks": chunks,
+        "step_growth_mib": min(growth[1:]),
+        "saved_mib": saved / MIB,
+        "step_ms": 1e3 * statistics.median(seconds[1:]),
+    }
+
+
+def relative_to_split1(rows: list[dict]) -> None:
+    """Each row's growth, bytes saved and step time over split 1's on the same rung."""
+    base = {r["rung"]: r for r in rows if r["split"] == 1}
+    for row in rows:
+        one = base[row["rung"]]
+        for key, name in (("step_growth_mib", "growth"), ("saved_mib", "saved"), ("step_ms", "time")):
+            row[f"{name}_vs_split1"] = row[key] / one[key] if one[key] else None
+
+
+def print_splits(rows: list[dict], batch: int, width: int) -> None:
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    print(
+        f"micro-batch split, band-limited c = 0, batch {batch}, width {width}: resident step growth "
+        "MiB, saved for backward MiB (largest chunk), median step ms; x: over split 1 on the rung"
+    )
+    print(f"{'rung':>4} {'split':>5} {'growth':>13} {'saved':>13} {'step ms':>14}")
+    for r in rows:
+        print(
+            f"{r['rung']:>4} {r['split']:>5} "
+            f"{r['step_growth_mib']:>6.1f} {'x' + ratio(r['growth_vs_split1']):>6} "
+            f"{r['saved_mib']:>6.1f} {'x' + ratio(r['saved_vs_split1']):>6} "
+            f"{r['step_ms']:>7.0f} {'x' + ratio(r['time_vs_split1']):>6}"
+        )
 
 
 def curve_verdicts(rows: list[dict], rungs: int, noise_mib: float = 1.0) -> dict:

@@ -8,6 +8,10 @@ models grouped by family:
   ``ladder_in_trainer`` run on a few models, as in the test suite; ``--all-cells`` runs them on
   every model);
 * ``rungs``: the exact checkpointing rungs (stages) found at c = 0 (``rungs_exact_c0``);
+* ``split (train)``: the micro-batch split's gradient (``split``: a float64 batch of 4 in 2
+  chunks, exact to 1e-12 in eval mode on every model) against the whole batch's in training
+  mode, relative: round-off without BatchNorm, ``BN`` and BatchNorm's ghost-batch difference
+  with it;
 * ``c=0.5 / plain``: one training step (``zero_grad``, forward, cross-entropy, backward, SGD
   step) of the band-limited model at c = 0.5 over the plain model's, measured side by side:
   ``--warmup`` steps each, then ``--repeats`` rounds of one step each, alternating; the median
@@ -133,8 +137,18 @@ def _step_ratio(name: str, warmup: int, repeats: int) -> dict[str, Any]:
     }
 
 
+def _split_difference(row: dict[str, Any]) -> str:
+    """The ``split`` cell's training-mode difference: ``BN`` before it with BatchNorm."""
+    cell = row["cells"].get("split")
+    if not cell or cell["status"] != "ok":
+        return "-"
+    result = cell["result"]
+    difference = f"{result['train_difference']:.1e}"
+    return f"BN {difference}" if result["batch_norm"] else difference
+
+
 def _table(rows: list[dict[str, Any]], cells: list[str]) -> str:
-    header = ["family", "model", *cells, "rungs", "c=0.5 / plain"]
+    header = ["family", "model", *cells, "rungs", "split (train)", "c=0.5 / plain"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     for row in sorted(rows, key=lambda r: (r["family"], r["source"] != "torchvision", r["model"])):
         marks = [row["cells"][c]["status"] if c in row["cells"] else "-" for c in cells]
@@ -143,7 +157,16 @@ def _table(rows: list[dict[str, Any]], cells: list[str]) -> str:
         ratio = f"{timing['ratio']:.2f}" if timing else "-"
         lines.append(
             "| "
-            + " | ".join([row["family"], row["model"], *marks, "-" if rungs is None else str(rungs), ratio])
+            + " | ".join(
+                [
+                    row["family"],
+                    row["model"],
+                    *marks,
+                    "-" if rungs is None else str(rungs),
+                    _split_difference(row),
+                    ratio,
+                ]
+            )
             + " |"
         )
     return "\n".join(lines)
@@ -215,8 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(
         f"Model zoo, {len(names)} models, batch 2, {args.threads} thread(s), torch {torch.__version__}; "
-        "ok / FAIL / - (not run); rungs: exact checkpointing rungs at c=0; "
-        "c=0.5 / plain: median step-time ratio"
+        "ok / FAIL / - (not run); rungs: exact checkpointing rungs at c=0; split (train): the "
+        "micro-batch split's gradient (batch 4 in 2 chunks, float64) against the whole batch's in "
+        "training mode, relative (BN: BatchNorm's ghost batches); c=0.5 / plain: median step-time ratio"
     )
     print()
     print(_table(rows, cells))
