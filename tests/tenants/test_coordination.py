@@ -202,6 +202,25 @@ def test_offer_names_the_next_move_and_what_it_frees() -> None:
     assert end["next_lossy"] is None and end["lossy"] is True
 
 
+def test_offer_past_the_top_rung_is_the_next_split_with_its_cost() -> None:
+    ladder = _ladder()
+    ladder.on_splits_chosen((2, 4))
+    ladder.observe(FLOOR, 3000, base=1000)
+    ladder.observe(Setting(2, 0.0), 2600, base=1000)
+    top = offer(ladder, Setting(2, 0.0))
+    assert (top["exact_left"], top["next_lossy"]) == (True, False)
+    assert top["next_freed"] == 800.0  # split 2 hinted: half the top rung's increment of 1600
+    ladder.observe(Setting(2, 0.0, split=2), 2000, base=1000)  # measured: it frees 600
+    ladder.observe_time(0, 1.0)
+    ladder.observe_time(2, 1.3)
+    ladder.observe_time(2, 1.5, split=2)
+    measured = offer(ladder, Setting(2, 0.0))
+    assert measured["next_freed"] == 600.0
+    assert measured["next_cost"] == pytest.approx(0.2 / (600 / 2**30))  # 1.5x against 1.3x
+    last = offer(ladder, Setting(2, 0.0, split=4))
+    assert (last["exact_left"], last["next_lossy"]) == (False, True)
+
+
 @pytest.mark.parametrize(("kwargs", "error"), [({"dwell": -1.0}, ValueError), ({"patience": 0}, ValueError)])
 def test_bad_rule_arguments(kwargs: dict, error: type) -> None:
     with pytest.raises(error):
