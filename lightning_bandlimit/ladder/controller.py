@@ -264,9 +264,10 @@ class LadderController(LadderModel):
         return Setting(self.top, self.min_compression, split=self.lossy_split)
 
     def _escalate(self, current: Setting, deficit: float, sure: bool) -> Setting:
-        """The setting for a shortfall of ``deficit`` bytes at ``current``. ``sure``: the job
-        would overdraw by the next check if the change freed nothing, so the exact lever is not
-        tried whole on the chance that an unvisited rung frees enough (a hinted rung still is)."""
+        """The setting for a shortfall of ``deficit`` bytes at ``current``. ``sure``: the job would
+        overdraw by the next check if the change freed nothing: no unvisited point tried unhinted."""
+        if current.compression <= self.min_compression and current.rung > self.top:
+            current = replace(current, rung=self.top)  # above rungs that left the ladder (idle, slow)
         peak = self.predict(current)
         points = self.exact_points()
         if current in points and current != points[-1]:  # an exact point, a higher one left

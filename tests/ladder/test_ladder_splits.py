@@ -186,3 +186,16 @@ def test_a_shortfall_within_the_noise_of_the_peak_takes_no_split() -> None:
     assert within.setting == Setting(2, 0.0)
     beyond = ladder.decide(_reading(90), Setting(2, 0.0))  # 10 short: beyond the noise
     assert beyond.setting == Setting(2, 0.0, split=2)
+
+
+def test_a_job_above_a_rung_judged_idle_splits_on_the_new_top_rung_before_any_compression() -> None:
+    # the step trace of benchmarks/multitenant.py (seed 1): rung 3 measured to free nothing, the
+    # top rung became 2 while the job ran rung 3, still short: it compressed at split 8 before
+    ladder = LadderController(rungs=3, min_free=100, release_free=400, cooldown_checks=0)
+    ladder.on_stages_measured([300.0, 100.0, 100.0])
+    ladder.on_splits_chosen((2, 4, 8))
+    for rung, peak in [(0, 1000), (1, 800), (2, 700), (3, 700)]:
+        ladder.observe(Setting(rung, 0.0), peak, base=BASE)
+    assert ladder.top == 2
+    decision = ladder.decide(_reading(50), Setting(3, 0.0))
+    assert decision.setting == Setting(2, 0.0, split=2)
