@@ -42,6 +42,7 @@ if __name__ == "__main__":
     adaptive = AdaptiveBandLimit(
         probe=ScriptedProbe(free=TRACES[rank], total=100 * M),
         checkpoint_units=UNITS[rank],
+        levers=("checkpoint", "compression"),  # the rungs and the continuum agreed (splits: unit tests)
         **SCRIPTED_ADAPTIVE,
     )
     spy = Checkpointed()
