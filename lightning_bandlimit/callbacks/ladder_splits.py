@@ -106,7 +106,14 @@ class SplitLever:
         if not result.exact:
             rank_zero_warn(f"{self.name}: the micro-batch lever leaves the ladder: {result.reason}")
             return ()
-        splits = ladder_splits(self.max_split, size)
+        # BatchNorm needs two samples a chunk (one has no variance: its statistics would be NaN)
+        self.step.min_chunk = 1 if result.batch_norm_difference is None else 2
+        splits = ladder_splits(self.max_split, size // self.step.min_chunk)
+        if not splits:
+            rank_zero_info(
+                f"{self.name}: the micro-batch lever is off: a batch of {size} cannot be split in chunks of 2"
+            )
+            return ()
         shown = min(size, TRIAL_SAMPLES)
         message = (
             f"{self.name}: micro-batch splits {list(splits)} on the top rung, tried on {shown} samples: the "

@@ -75,6 +75,9 @@ class SplitStep:
     def __init__(self, name: str = "AdaptiveBandLimit") -> None:
         self.name = name
         self.split = 1
+        self.min_chunk = (
+            1  # the fewest samples a chunk may have (2 with BatchNorm: one sample has no variance)
+        )
         self.chunks = 1
         self.in_chunk = False
         self.batch_idx = 0
@@ -137,7 +140,7 @@ class SplitStep:
         if len(trainer.optimizers) != 1:
             return "optimizers"
         size = batch_size(batch)
-        if size is None or size < 2:
+        if size is None or size < 2 * self.min_chunk:
             return "size"
         return None
 
@@ -160,7 +163,7 @@ class SplitStep:
         assert trainer is not None and module is not None
         size = batch_size(batch)
         assert size is not None
-        parts = split_batch(batch, self.split)
+        parts = split_batch(batch, min(self.split, size // self.min_chunk))
         optimizer = trainer.optimizers[0]
         accumulate = trainer.accumulate_grad_batches
         first = self.batch_idx % accumulate == 0
@@ -232,5 +235,5 @@ def _no_sync(strategy: Any) -> contextlib.AbstractContextManager[Any]:
 _UNSPLIT = {
     "manual": "the micro-batch split needs automatic optimization; this module's steps run whole",
     "optimizers": "the micro-batch split needs a single optimizer; steps run whole",
-    "size": "a batch with fewer than 2 samples (or no tensor to split) runs whole at split {split}",
+    "size": "a batch too small to split (or with no tensor to split) runs whole at split {split}",
 }

@@ -226,7 +226,7 @@ def test_a_batch_smaller_than_the_split_runs_in_fewer_chunks_and_a_batch_of_one_
         weights, _, driver, _ = _fit(4, samples=65)
     assert driver is not None and driver.chunks == [4, 4, 4, 4, 1] * 2
     assert _relative(weights, _whole(samples=65)) < TOLERANCE
-    assert caplog.text.count("Driver: a batch with fewer than 2 samples") == 1
+    assert caplog.text.count("Driver: a batch too small to split") == 1
 
 
 def test_manual_optimization_runs_whole_with_one_message(caplog: pytest.LogCaptureFixture) -> None:

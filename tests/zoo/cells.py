@@ -531,8 +531,10 @@ def ladder_in_trainer(name: str, max_steps: int = 80) -> dict[str, Any]:
     loader = DataLoader(TensorDataset(x, y), batch_size=2, shuffle=False)
     trace = LadderTrace()
     thresholds = {"min_free": MIN_FREE, "release_free": RELEASE_FREE}
-    callback = AdaptiveBandLimit(
-        probe=ScriptedProbe(trace, total=TOTAL), **{**SCRIPTED_ADAPTIVE, **thresholds}
+    callback = AdaptiveBandLimit(  # the rungs, then the compression (batch 2: nothing to split)
+        probe=ScriptedProbe(trace, total=TOTAL),
+        levers=("checkpoint", "compression"),
+        **{**SCRIPTED_ADAPTIVE, **thresholds},
     )
     trace.callback = callback
     module = Classifier()
