@@ -18,6 +18,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from lightning_bandlimit.microbatch import SplitStep as _SplitStep
+
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
@@ -132,3 +134,31 @@ def simulate_device(
         reasons.append(decision.reason)
         setting = decision.setting
     return settings, frees, reasons
+
+
+class SplitDriver(pl.Callback):
+    """Drives a :class:`~lightning_bandlimit.microbatch.SplitStep` as the band-limit callback does;
+    records each step's chunks and outputs (``remove=False``: leaves its steps open)."""
+
+    def __init__(self, split: int, remove: bool = True) -> None:
+        self.step = _SplitStep(name="Driver")
+        self.split, self.remove = split, remove
+        self.chunks: list[int] = []
+        self.outputs: list[Any] = []
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.step.install(trainer, pl_module)
+        self.step.split = self.split
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        self.step.start_step(batch_idx)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+        self.chunks.append(self.step.chunks)
+        self.outputs.append(outputs)
+        if self.remove:
+            self.step.end_step()
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.remove:
+            self.step.remove()

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from _helpers import SplitDriver as Driver
 from _helpers import close_process_group_at_exit, cpu_trainer
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.data import DataLoader, TensorDataset
-
-from lightning_bandlimit.microbatch import SplitStep
 
 
 class Net(pl.LightningModule):
@@ -31,26 +30,6 @@ class Net(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
-
-
-class Driver(pl.Callback):
-    def __init__(self, split: int) -> None:
-        self.step, self.split = SplitStep(name="Driver"), split
-        self.chunks: list[int] = []
-
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.step.install(trainer, pl_module)
-        self.step.split = self.split
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
-        self.step.start_step(batch_idx)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
-        self.chunks.append(self.step.chunks)
-        self.step.end_step()
-
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self.step.remove()
 
 
 class CountAllReduce(pl.Callback):

@@ -21,12 +21,11 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from _helpers import SplitDriver as Driver
 from _helpers import cpu_trainer, run_python
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
-
-from lightning_bandlimit.microbatch import SplitStep
 
 TOLERANCE = 1e-12
 SAMPLES, BATCH = 64, 16
@@ -86,33 +85,6 @@ class Manual(Net):
         self.manual_backward(loss)
         optimizer.step()
         return loss
-
-
-class Driver(pl.Callback):
-    """Drives a :class:`SplitStep` as the band-limit callback does; records each step's chunks."""
-
-    def __init__(self, split: int, remove: bool = True) -> None:
-        self.step = SplitStep(name="Driver")
-        self.split, self.remove = split, remove
-        self.chunks: list[int] = []
-        self.outputs: list[Any] = []
-
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.step.install(trainer, pl_module)
-        self.step.split = self.split
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
-        self.step.start_step(batch_idx)
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
-        self.chunks.append(self.step.chunks)
-        self.outputs.append(outputs)
-        if self.remove:
-            self.step.end_step()
-
-    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self.remove:
-            self.step.remove()
 
 
 class WholeLoss(pl.Callback):
