@@ -38,9 +38,7 @@ from lightning_bandlimit.utils.validation import check_choice, check_compression
 
 LEVERS = ("checkpoint", "microbatch", "compression")
 CONTINUUM_RUNGS = ("auto", "top", "zero")
-# The compression the units are also tried at when checkpointed (with the lossy lever): the
-# middle of the range the continuum runs over, where a unit keeping its kept spectrum differs
-# most from its plain forward.
+# The compression units are also tried at (lossy lever): where a kept-spectrum unit differs most.
 TRIAL_COMPRESSION = 0.5
 
 __all__ = ["AdaptiveBandLimit"]
@@ -55,12 +53,12 @@ class AdaptiveBandLimit(BandLimit):
     :class:`~lightning_bandlimit.ladder.LadderController` choose a point on a ladder of levers,
     least lossy first:
 
-    1. **Activation checkpointing** (``"checkpoint"`` lever; exact gradients): the model's
+    1. **Activation checkpointing** (``"checkpoint"`` lever; exact gradients) of the model's
        residual-block-like units (:func:`~lightning_bandlimit.recompute.stages.checkpoint_units`,
-       or ``checkpoint_units`` patterns) are grouped in stages by output resolution, and rung
-       ``r`` checkpoints the first ``r`` stages, highest resolution first. Units are switched
-       between optimizer steps, in place (``state_dict`` keys unchanged), in the non-reentrant
-       mode (DDP-safe), with BatchNorm running statistics updated once per step.
+       or ``checkpoint_units`` patterns): by default the rungs take the cheapest bytes first
+       (``rung_order``: a unit's pointwise mode, keeping its convolutions' outputs, then its full
+       one; :mod:`lightning_bandlimit.recompute.plan`), else by stages. Switched between steps,
+       in place, non-reentrant (DDP-safe), BatchNorm running statistics updated once per step.
     2. **Micro-batch split** (``"microbatch"`` lever; exact for a per-sample mean loss without
        batch-dependent layers): on the top rung, each step's batch runs in 2, 4, ... up to
        ``max_split`` chunks whose gradients accumulate before one optimizer step
@@ -91,8 +89,7 @@ class AdaptiveBandLimit(BandLimit):
     step, only hints which to try first). ``max_slowdown`` caps each rung's measured step time.
 
     ``levers=["compression"]``: compression only; ``levers=["checkpoint", "microbatch"]``: exact
-    only. A model without checkpointable units (e.g. a plain ``nn.Sequential`` chain) has no
-    exact rungs: the splits and the compression remain (said once).
+    only. A model without checkpointable units has no exact rungs (said once).
 
     Like :class:`BandLimit` it swaps the convolutions in ``setup`` when the model has none
     band-limited, and keeps its state (compression, rung, learned memory and times) in
@@ -126,6 +123,8 @@ class AdaptiveBandLimit(BandLimit):
         levers: which levers the ladder may use: ``"checkpoint"``, ``"microbatch"``, ``"compression"``.
         checkpoint_units: glob patterns over module names choosing the units to checkpoint
             (default: found automatically).
+        rung_order: ``"cost"``: rungs by bytes freed per second of recompute, measured on the
+            first step; ``"stages"``: rung ``r`` checkpoints the first ``r`` stages in full.
         max_slowdown: the most step time a checkpointing rung may cost relative to none
             (e.g. ``1.3``); ``None``: no cap.
         max_split: the most chunks the micro-batch lever runs a step's batch in (``1``: none).
@@ -167,6 +166,7 @@ class AdaptiveBandLimit(BandLimit):
         oom_backstop: bool = True,
         levers: Sequence[str] = LEVERS,
         checkpoint_units: Patterns = None,
+        rung_order: str = "cost",
         max_slowdown: float | None = None,
         max_split: int = 8,
         continuum_rung: str = "auto",
@@ -181,6 +181,7 @@ class AdaptiveBandLimit(BandLimit):
         compression = check_compression(compression)  # refused as BandLimit refuses it, then clamped
         levers = check_selection("levers", levers, LEVERS)
         check_choice("continuum_rung", continuum_rung, CONTINUUM_RUNGS)
+        check_choice("rung_order", rung_order, ("cost", "stages"))
         if "compression" not in levers:
             check_compression(max_compression, "max_compression")  # unused then, but refused alike
             max_compression = min_compression
@@ -217,7 +218,7 @@ class AdaptiveBandLimit(BandLimit):
         self.oom_backstop = oom_backstop
         self.decisions: list[dict[str, Any]] = []
         self._events = LadderEvents(self.controller)  # the one place the controller is changed
-        self._rungs = ExactRungs(None)
+        self._rungs = ExactRungs(None, order=rung_order)
         self._peak = StepPeak()
         self._reader = ProbeReader(type(self).__name__)
         self._drift = BaselineDrift(type(self).__name__)

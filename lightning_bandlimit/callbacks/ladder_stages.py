@@ -13,8 +13,10 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_bandlimit.recompute.sampled_savings import sampled_savings
+from lightning_bandlimit.recompute.plan import RungPlan, parse_move
+from lightning_bandlimit.recompute.sampled_savings import sampled_savings, sampled_unit_savings
 from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile, checkpoint_units
+from lightning_bandlimit.recompute.switch import FULL, POINTWISE
 from lightning_bandlimit.recompute.trial import trial
 from lightning_bandlimit.utils.units import MIB
 
@@ -133,19 +135,45 @@ class Profiling:
         finally:
             self.profile.inputs.clear()
 
+    def plan(
+        self, stages: CheckpointStages, drop: list[str], no_pointwise: list[str], max_rungs: int
+    ) -> RungPlan | None:
+        """The rungs by bytes freed per second of recompute
+        (:meth:`~lightning_bandlimit.recompute.stages.UnitProfile.plan`); measured checkpointed,
+        each unit's bytes come from the recorded samples (:meth:`savings`' upper figure, less
+        its input the least); ``None`` where they are unknown (after an out-of-memory error)."""
+        try:
+            profile = self.profile
+            if not self.checkpointed:
+                return profile.plan(drop, no_pointwise, max_rungs=max_rungs)
+            full = sampled_unit_savings(stages, profile, drop)
+            if full is None:
+                return None
+            least = {n: max(0, b - profile.input_bytes.get(n, 0)) for n, b in full.items()}
+            return profile.plan(drop, no_pointwise, full=full, least=least, max_rungs=max_rungs)
+        finally:
+            self.profile.inputs.clear()
+
 
 def failed_trials(
-    stages: CheckpointStages, profile: UnitProfile, compressions: list[float | None], world_size: int = 1
+    stages: CheckpointStages,
+    profile: UnitProfile,
+    compressions: list[float | None],
+    world_size: int = 1,
+    mode: str = FULL,
 ) -> list[str]:
     """The units that are not exact when checkpointed (:func:`~lightning_bandlimit.recompute.trial.trial`
     on the profile's recorded samples, kept for :meth:`Profiling.savings`, at each of
-    ``compressions``; ``None``: as the model is);
-    one warning names them. Under DDP a unit that fails on any rank leaves the ladder on every
-    rank (the ranks' units may differ: names are gathered, one collective)."""
+    ``compressions``; ``None``: as the model is) in ``mode``; one warning names them (in the
+    pointwise mode they keep their full mode). Under DDP a unit that fails on any rank fails on
+    every rank (the ranks' units may differ: names are gathered, one collective)."""
     reasons: dict[str, str] = {}
     for name, args in profile.inputs.items():
         for compression in compressions:
-            reason = trial(name, stages.units[name], args, compression, autocast=profile.autocast.get(name))
+            unit = stages.units.get(name)
+            if unit is None:
+                continue
+            reason = trial(name, unit, args, compression, autocast=profile.autocast.get(name), mode=mode)
             if reason is not None:
                 reasons[name] = reason if compression is None else f"{reason} (at compression {compression})"
                 break
@@ -156,9 +184,10 @@ def failed_trials(
             if name in stages.units:
                 reasons[name] = f"{name}: not exact when checkpointed on another rank"
     if reasons:
+        what = "leave the ladder" if mode == FULL else "keep only their full checkpointing"
         rank_zero_warn(
             f"AdaptiveBandLimit: {len(reasons)} of {len(stages.units)} units are not exact when "
-            f"checkpointed and leave the ladder: {'; '.join(reasons.values())}"
+            f"checkpointed ({mode}) and {what}: {'; '.join(reasons.values())}"
         )
     return list(reasons)
 
@@ -179,9 +208,12 @@ def describe_stages(
         if on_top
         else "the compression continuum runs on rung 0"
     )
+    units = len({parse_move(move)[0] for stage in stages for move in stage})
+    moves = sum(map(len, stages))
+    how = "stages, highest resolution first" if moves == units else "cheapest bytes first"
     rank_zero_info(
-        f"AdaptiveBandLimit: {len(stages)} checkpointing rungs over {sum(map(len, stages))} units "
-        f"(stages, highest resolution first: {stages}); {freed}; {continuum}"
+        f"AdaptiveBandLimit: {len(stages)} checkpointing rungs over {units} units "
+        f"({how}: {stages}); {freed}; {continuum}"
     )
 
 
@@ -214,6 +246,11 @@ class ExactRungs:
     Args:
         stages: the units (:func:`find_stages`), ``None``: no exact rungs.
         rung: the rung to run at once the stages are known (e.g. restored from a checkpoint).
+        order: ``"cost"``: the rungs take the cheapest bytes first, a unit's pointwise mode and
+            its full one as separate moves, at most ``max_rungs``
+            (:mod:`lightning_bandlimit.recompute.plan`); ``"stages"``: rung ``r`` checkpoints
+            the first ``r`` stages in full (highest resolution first).
+        max_rungs: the most rungs with ``order="cost"``.
 
     Example:
         >>> rungs = ExactRungs(None, rung=2)  # no units: the rung is kept for when they are known
@@ -221,9 +258,12 @@ class ExactRungs:
         (2, 0, [])
     """
 
-    def __init__(self, stages: CheckpointStages | None, rung: int = 0) -> None:
+    def __init__(
+        self, stages: CheckpointStages | None, rung: int = 0, order: str = "cost", max_rungs: int = 8
+    ) -> None:
         self.stages = stages
         self._rung = rung
+        self.order, self.max_rungs = order, max_rungs
         self.profiling: Profiling | None = None  # the first training step, measuring the units
         self.saved_stages: list[list[str]] | None = None  # from a checkpoint, until applied
         self._fallbacks = FallbackReport()
@@ -259,7 +299,8 @@ class ExactRungs:
         saved, self.saved_stages = self.saved_stages, None
         if self.stages is None or self.staged or not saved:
             return None
-        if sorted(n for stage in saved for n in stage) != sorted(self.stages.units):
+        full = sorted(n for stage in saved for n in stage if parse_move(n)[1] == FULL)
+        if full != sorted(self.stages.units):
             rank_zero_info(
                 "AdaptiveBandLimit: the checkpoint's stages name other units; measuring them again"
             )
@@ -295,9 +336,19 @@ class ExactRungs:
                 "AdaptiveBandLimit: no unit is exact when checkpointed; the ladder is the compression alone"
             )
             self.stages, self._rung = None, 0
+            profile.inputs.clear()
             return None
-        self.stages.set_stages(stages)
-        savings, least = profiling.savings(self.stages, failed)
+        plan = None
+        if self.order == "cost" and profile.inputs:
+            no_pointwise = failed_trials(self.stages, profile, trial_compressions, world_size, POINTWISE)
+            plan = profiling.plan(self.stages, failed, no_pointwise, self.max_rungs)
+        if plan is not None:
+            stages = plan.rungs
+            savings, least = [round(b) for b in plan.savings], [round(b) for b in plan.least]
+            self.stages.set_stages(stages)
+        else:  # the stages, highest resolution first (bytes unknown: the cost cannot order them)
+            self.stages.set_stages(stages)
+            savings, least = profiling.savings(self.stages, failed)
         return ProfileOutcome(stages, savings, least, profiling.checkpointed, profiling.oom_step, failed)
 
     def report_fallbacks(self, compression: float) -> None:

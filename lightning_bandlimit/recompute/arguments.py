@@ -18,6 +18,7 @@ import torch.utils.checkpoint
 from torch.utils import _pytree as pytree
 
 from lightning_bandlimit.functional.lean.sources import checkpointed_region
+from lightning_bandlimit.recompute.pointwise import respects_hooks_argument
 
 __all__ = ["RecomputeMismatch", "checkpoint_call"]
 
@@ -34,6 +35,7 @@ def checkpoint_call(
     kwargs: dict[str, Any],
     context_fn: Callable[[], tuple[Any, Any]],
     name: str,
+    selective: bool = False,
 ) -> Any:
     """``torch.utils.checkpoint.checkpoint(function, *args, **kwargs)`` (non-reentrant), with the
     containers among the arguments frozen at call time.
@@ -44,6 +46,8 @@ def checkpoint_call(
         kwargs: keyword arguments, likewise.
         context_fn: as ``torch.utils.checkpoint.checkpoint``'s.
         name: the unit's name, for the error raised when the recompute fails.
+        selective: ``context_fn`` is a selective checkpoint's: what it saves goes through the
+            saved-tensor hooks active around the call (as any saved tensor), where torch can.
 
     Raises:
         RecomputeMismatch: in backward, when the recompute raises (it ran on the same tensors as
@@ -81,6 +85,7 @@ def checkpoint_call(
                     f"({type(error).__name__}: {error})"
                 ) from error
 
+    extra = {"respect_saved_tensors_hooks": True} if selective and respects_hooks_argument() else {}
     return torch.utils.checkpoint.checkpoint(
-        run, *(leaves[i] for i in places), use_reentrant=False, context_fn=context_fn
+        run, *(leaves[i] for i in places), use_reentrant=False, context_fn=context_fn, **extra
     )

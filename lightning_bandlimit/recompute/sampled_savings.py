@@ -29,10 +29,10 @@ from torch.utils import _pytree as pytree
 from lightning_bandlimit.recompute.running_stats import running_stats_kept
 from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile
-from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
+from lightning_bandlimit.recompute.switch import checkpoint, checkpoint_mode, uncheckpoint
 from lightning_bandlimit.recompute.trial import replayed
 
-__all__ = ["sampled_savings"]
+__all__ = ["sampled_savings", "sampled_unit_savings"]
 
 
 def sampled_savings(
@@ -62,6 +62,17 @@ def sampled_savings(
         >>> [s > 0 for s in sampled_savings(stages, profile)]
         [True, True, True, True]
     """
+    per_unit = sampled_unit_savings(stages, profile, drop)
+    if per_unit is None:
+        return None
+    return [sum(per_unit[name] for name in stage) for stage in profile.stages(drop)]
+
+
+def sampled_unit_savings(
+    stages: CheckpointStages, profile: UnitProfile, drop: Collection[str] = ()
+) -> dict[str, int] | None:
+    """Bytes checkpointing each unit of ``profile.stages(drop)`` frees, from the recorded
+    samples (as :func:`sampled_savings`, unit by unit); ``None`` when one is unknown."""
     per_unit: dict[str, int] = {}
     for stage in profile.stages(drop):
         for name in stage:
@@ -73,7 +84,7 @@ def sampled_savings(
             if saved is None:
                 return None
             per_unit[name] = saved
-    return [sum(per_unit[name] for name in stage) for stage in profile.stages(drop)]
+    return per_unit
 
 
 def _at_batch(
@@ -102,7 +113,7 @@ def _saved(
 ) -> int | None:
     """Bytes ``unit`` saves for backward on ``args`` (its input and parameters not counted), run
     plainly, under the autocast the training forward ran with; ``None`` if it raises."""
-    was_checkpointed = is_checkpointed(unit)
+    was = checkpoint_mode(unit)
     params = [p for m in unit.modules() for p in m.parameters(recurse=False)]
     try:  # the job's random streams are left as they were (a unit with dropout draws from them)
         with running_stats_kept(list(unit.modules())), replayed(args, autocast) as call:
@@ -114,5 +125,5 @@ def _saved(
     except Exception:  # the samples do not suit the unit plainly: unknown
         return None
     finally:
-        (checkpoint(unit, name) if was_checkpointed else uncheckpoint(unit))
+        checkpoint(unit, name, was) if was is not None else uncheckpoint(unit)
     return meter.bytes

@@ -56,6 +56,13 @@ class SavedTensorMeter:
             grouped[key] = grouped.get(key, 0) + size
         return grouped
 
+    def storages_by_label(self) -> dict[Hashable, dict[int, int]]:
+        """The unique storages saved so far (``data_ptr -> bytes``), grouped as :attr:`bytes_by_label`."""
+        grouped: dict[Hashable, dict[int, int]] = {}
+        for pointer, size in self._storages.items():
+            grouped.setdefault(self._labels.get(pointer), {})[pointer] = size
+        return grouped
+
     @property
     def count(self) -> int:
         """Number of unique storages saved so far."""

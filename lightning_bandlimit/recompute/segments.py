@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.modules import pooling
 
 from lightning_bandlimit.recompute.arguments import checkpoint_call
+from lightning_bandlimit.recompute.pointwise import pointwise_contexts
 from lightning_bandlimit.recompute.running_stats import running_stats_kept
 
 __all__ = ["POOLS", "Segment", "chain_segments", "own_class"]
@@ -68,6 +69,7 @@ class Segment:
         if not 0 <= start < stop <= len(chain):
             raise ValueError(f"segment [{start}, {stop}) is empty or outside a chain of {len(chain)}")
         self.chain, self.start, self.stop = chain, start, stop
+        self.mode = "full"  # how it runs while checkpointed
         self.name = name if name is not None else repr(self)
 
     def __repr__(self) -> str:
@@ -76,7 +78,8 @@ class Segment:
     def __call__(self, input: Any) -> Any:
         """Run the segment's layers as its chain runs them (checkpointed while it is, in training)."""
         if self.is_checkpointed() and self.training and torch.is_grad_enabled():
-            return checkpoint_call(self._run, (input,), {}, self._context, self.name)
+            pointwise = self.mode == "pointwise"
+            return checkpoint_call(self._run, (input,), {}, self._context, self.name, pointwise)
         return self._run(input)
 
     def _run(self, input: Any) -> Any:
@@ -85,7 +88,10 @@ class Segment:
         return input
 
     def _context(self) -> tuple[Any, Any]:
-        return contextlib.nullcontext(), running_stats_kept(list(self.modules()))
+        kept = lambda: running_stats_kept(list(self.modules()))  # noqa: E731
+        if self.mode == "pointwise":
+            return pointwise_contexts(kept)
+        return contextlib.nullcontext(), kept()
 
     def layers(self) -> list[nn.Module]:
         """The children in the segment."""
@@ -115,8 +121,10 @@ class Segment:
     def is_checkpointed(self) -> bool:
         return (self.start, self.stop) in getattr(self.chain, "_checkpointed_segments", {})
 
-    def checkpoint(self) -> None:
-        """Run the segment checkpointed from the chain's next training forward on."""
+    def checkpoint(self, mode: str = "full") -> None:
+        """Run the segment checkpointed from the chain's next training forward on, in ``mode``
+        (``"full"`` or ``"pointwise"``, as :func:`~lightning_bandlimit.recompute.switch.checkpoint`)."""
+        self.mode = mode
         if not isinstance(self.chain, _Segmented):
             self.chain.__class__ = _segmented_class(type(self.chain))
             self.chain._checkpointed_segments = {}  # type: ignore[assignment]

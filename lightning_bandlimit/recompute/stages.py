@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import time
 from collections.abc import Collection, Iterable
 from typing import Any
 
@@ -49,12 +50,14 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from lightning_bandlimit.layers.surgery import Patterns, normalize_patterns
+from lightning_bandlimit.recompute.plan import RungPlan, UnitCost, parse_move, plan_rungs
+from lightning_bandlimit.recompute.pointwise import LAYER_TYPES
 from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
 from lightning_bandlimit.recompute.spectral import (
     can_keep_spectrum,
     spectral_fallback,
 )
-from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
+from lightning_bandlimit.recompute.switch import FULL, MODES, checkpoint, checkpoint_mode, uncheckpoint
 from lightning_bandlimit.recompute.units import Unit, find_units
 
 __all__ = ["CheckpointStages", "UnitProfile", "checkpoint_units"]
@@ -154,6 +157,13 @@ class UnitProfile:
         self.input_bytes: dict[str, int] = {}
         self.batch: dict[str, int] = {}  # the leading size of each unit's first tensor argument
         self.autocast: dict[str, tuple[str, torch.dtype]] = {}  # the autocast each unit ran under
+        self.seconds: dict[str, float] = {}  # each unit's forward time
+        self.output_bytes: dict[str, int] = {}  # the bytes of each unit's output
+        self.layer_seconds: dict[str, float] = {}  # of its convolutions and linear layers
+        self.layer_bytes: dict[str, int] = {}  # their outputs (what a pointwise checkpoint keeps)
+        self._kept: dict[str, set[int]] = {}  # storages a pointwise checkpoint keeps anyway
+        self._started: dict[Any, float] = {}
+        self._cuda = False
         self._stack: list[str] = []
         self._handles: list[Any] = []
 
@@ -164,6 +174,30 @@ class UnitProfile:
     def _running(self) -> str | None:
         return self._stack[-1] if self._stack else None
 
+    def _now(self) -> float:
+        if self._cuda:  # the profiled step only: kernels run asynchronously
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def _layer_hooks(self, name: str, module: Any) -> None:
+        for layer in module.modules():
+            if not isinstance(layer, LAYER_TYPES):
+                continue
+
+            def pre(m: nn.Module, _: Any, name: str = name) -> None:
+                if self._running() == name and name not in self.shapes:
+                    self._started[m] = self._now()
+
+            def post(m: nn.Module, __: Any, output: Any, name: str = name) -> None:
+                started = self._started.pop(m, None)
+                if started is None or not isinstance(output, torch.Tensor):
+                    return
+                self.layer_seconds[name] = self.layer_seconds.get(name, 0.0) + self._now() - started
+                self.layer_bytes[name] = self.layer_bytes.get(name, 0) + output.untyped_storage().nbytes()
+                self._kept.setdefault(name, set()).add(output.untyped_storage().data_ptr())
+
+            self._handles += [layer.register_forward_pre_hook(pre), layer.register_forward_hook(post)]
+
     def __enter__(self) -> UnitProfile:
         for name, module in self.units:
 
@@ -173,20 +207,29 @@ class UnitProfile:
                     tensors = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
                     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
                     self.input_bytes[name] = sum(storages.values())
+                    self._kept.setdefault(name, set()).update(storages)
                     self.batch[name] = tensors[0].shape[0] if tensors and tensors[0].dim() else 1
                     kind = tensors[0].device.type if tensors else "cpu"
                     if torch.is_autocast_enabled(kind):
                         self.autocast[name] = (kind, torch.get_autocast_dtype(kind))
                     if self.record:
                         self.inputs[name] = pytree.tree_map_only(torch.Tensor, self._sample, args)
+                    self._cuda = kind == "cuda"
+                    self._started[name] = self._now()
 
             def post(_: nn.Module, __: Any, output: Any, name: str = name) -> None:
                 self._stack.pop()
                 if name not in self.shapes and isinstance(output, torch.Tensor):
+                    started = self._started.pop(name, None)
+                    if started is not None:
+                        self.seconds[name] = self._now() - started
+                    self.output_bytes[name] = output.untyped_storage().nbytes()
+                    self._kept.setdefault(name, set()).add(output.untyped_storage().data_ptr())
                     self.order.append(name)
                     self.shapes[name] = tuple(output.shape[1:])
 
             self._handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+            self._layer_hooks(name, module)
         self.meter.__enter__()
         return self
 
@@ -211,11 +254,82 @@ class UnitProfile:
 
     def savings(self, drop: Collection[str] = ()) -> list[int]:
         """Bytes checkpointing each stage of :meth:`stages` frees (estimated from this forward)."""
+        per_unit = self.unit_savings()
+        return [sum(per_unit.get(name, 0) for name in stage) for stage in self.stages(drop)]
+
+    def unit_savings(self) -> dict[str, int]:
+        """Bytes checkpointing each unit that ran frees (estimated from this forward)."""
         inside = self.meter.bytes_by_label
-        return [
-            sum(max(0, inside.get(name, 0) - self.input_bytes.get(name, 0)) for name in stage)
-            for stage in self.stages(drop)
-        ]
+        return {name: max(0, inside.get(name, 0) - self.input_bytes.get(name, 0)) for name in self.order}
+
+    def _typical_seconds(self, name: str) -> tuple[float | None, float]:
+        """The unit's forward time and its layers', as the mean over the units of its class
+        and shapes (one timed forward is noisy: the first call of a kernel pays its set-up)."""
+        key = self._signature(name)
+        alike = [n for n in self.order if self._signature(n) == key and n in self.seconds]
+        if name not in self.seconds or not alike:
+            return None, 0.0
+        return (
+            sum(self.seconds[n] for n in alike) / len(alike),
+            sum(self.layer_seconds.get(n, 0.0) for n in alike) / len(alike),
+        )
+
+    def _signature(self, name: str) -> tuple[Any, ...]:
+        unit = dict(self.units).get(name)
+        return (type(unit).__name__, self.shapes.get(name), self.input_bytes.get(name))
+
+    def pointwise_savings(self) -> dict[str, int]:
+        """Bytes checkpointing each unit that ran in its pointwise mode frees (estimated from this
+        forward): what it saved other than its input, its convolutions' and linear layers'
+        outputs and its own output (which what follows it keeps)."""
+        storages = self.meter.storages_by_label()
+        return {
+            name: sum(
+                size
+                for pointer, size in storages.get(name, {}).items()
+                if pointer not in self._kept.get(name, ())
+            )
+            for name in self.order
+        }
+
+    def plan(
+        self,
+        drop: Collection[str] = (),
+        no_pointwise: Collection[str] = (),
+        full: dict[str, int] | None = None,
+        least: dict[str, int] | None = None,
+        max_rungs: int = 8,
+    ) -> RungPlan:
+        """The exact rungs by bytes freed per second of recompute
+        (:func:`~lightning_bandlimit.recompute.plan.plan_rungs`), from this forward's bytes and
+        times: a unit's pointwise move frees what it saved less its input, its convolutions'
+        outputs and its own output (kept by what follows it), and costs its forward less its
+        convolutions'.
+
+        Args:
+            drop: units left out.
+            no_pointwise: units without a pointwise move (e.g. not exact in that mode).
+            full: bytes checkpointing each unit in full frees (default: :meth:`unit_savings`).
+            least: the least each may free (default: ``full``).
+            max_rungs: the most rungs.
+        """
+        pointwise_seen = None if full is not None else self.pointwise_savings()
+        full = self.unit_savings() if full is None else full
+        least = full if least is None else least
+        names = [name for stage in self.stages(drop) for name in stage]
+        costs = {}
+        for name in names:
+            layers = self.layer_bytes.get(name)
+            pointwise = None
+            if layers is not None and name not in no_pointwise:
+                if pointwise_seen is not None:
+                    pointwise = min(pointwise_seen.get(name, 0), full[name])
+                else:  # measured checkpointed: the full figure less what the mode keeps anyway
+                    pointwise = max(0, full[name] - layers - self.output_bytes.get(name, 0))
+            seconds, layer_seconds = self._typical_seconds(name)
+            rest = None if seconds is None else max(0.0, seconds - layer_seconds)
+            costs[name] = UnitCost(full[name], least.get(name, full[name]), seconds, pointwise, rest)
+        return plan_rungs(costs, names, max_rungs)
 
 
 class CheckpointStages:
@@ -256,26 +370,38 @@ class CheckpointStages:
             checkpoint(module, name) if checkpointed else uncheckpoint(module)
         return UnitProfile(list(self.units.items()), exclude=exclude, record=record)
 
-    def remove(self, names: Collection[str]) -> None:
-        """Take the units ``names`` off the ladder: back to their own class, out of every stage.
+    def remove(self, names: Collection[str], pointwise_only: bool = False) -> None:
+        """Take the units ``names`` off the ladder: back to their own class, out of every rung;
+        with ``pointwise_only``, only their pointwise moves go (a unit not exact in that mode).
 
         Raises:
             ValueError: for a name that is not one of the units.
         """
         self._check_known(names)
-        for name in names:
-            uncheckpoint(self.units.pop(name))
+        if not pointwise_only:
+            for name in names:
+                uncheckpoint(self.units.pop(name))
         if self.stages is not None:
-            stages = [[n for n in stage if n not in names] for stage in self.stages]
+
+            def gone(move: str) -> bool:
+                name, mode = parse_move(move)
+                return name in names and (not pointwise_only or mode != FULL)
+
+            stages = [[m for m in stage if not gone(m)] for stage in self.stages]
             self.stages = [stage for stage in stages if stage]
+            if pointwise_only:
+                self.apply(min(self.rung, len(self.stages)))
 
     def set_stages(self, stages: list[list[str]]) -> None:
-        """The stages, highest resolution first, as :meth:`UnitProfile.stages` gives them.
+        """The rungs: the units each checkpoints, first rung first, as :meth:`UnitProfile.stages`
+        gives them (stages, highest resolution first) or as :meth:`UnitProfile.plan` does (moves:
+        a unit's name for its full mode,
+        :func:`~lightning_bandlimit.recompute.plan.pointwise_move` of it for its pointwise one).
 
         Raises:
             ValueError: for a name that is not one of the units.
         """
-        self._check_known([name for stage in stages for name in stage])
+        self._check_known([parse_move(move)[0] for stage in stages for move in stage])
         self.stages = [list(stage) for stage in stages]
 
     def _check_known(self, names: Iterable[str]) -> None:
@@ -283,8 +409,18 @@ class CheckpointStages:
         if unknown:
             raise ValueError(f"unknown units {unknown}; expected names among {sorted(self.units)}")
 
+    def modes_at(self, rung: int) -> dict[str, str]:
+        """The mode of each unit ``rung`` checkpoints (the others run plainly)."""
+        modes: dict[str, str] = {}
+        for stage in (self.stages or [])[:rung]:
+            for move in stage:
+                name, mode = parse_move(move)
+                if MODES.index(mode) >= MODES.index(modes.get(name, mode)):
+                    modes[name] = mode
+        return modes
+
     def apply(self, rung: int) -> None:
-        """Checkpoint the first ``rung`` stages and no other unit.
+        """Checkpoint what the first ``rung`` rungs name, in their modes, and no other unit.
 
         Raises:
             RuntimeError: before :meth:`set_stages`.
@@ -294,28 +430,31 @@ class CheckpointStages:
             raise RuntimeError("CheckpointStages.apply before set_stages")
         if not 0 <= rung <= len(self.stages):
             raise ValueError(f"rung must be in [0, {len(self.stages)}], got {rung}")
-        chosen = {name for stage in self.stages[:rung] for name in stage}
+        modes = self.modes_at(rung)
         for name, module in self.units.items():
-            checkpoint(module, name) if name in chosen else uncheckpoint(module)
+            checkpoint(module, name, modes[name]) if name in modes else uncheckpoint(module)
 
     @property
     def rung(self) -> int:
-        """The rung the units are switched to, read off the units: how many stages, from the
-        first, have every unit checkpointed (``0`` before :meth:`set_stages`)."""
+        """The rung the units are switched to, read off the units: how many rungs, from the
+        first, have every move made (``0`` before :meth:`set_stages`)."""
         rung = 0
         for stage in self.stages or ():
-            if not all(is_checkpointed(self.units[name]) for name in stage):
-                break
+            for move in stage:
+                name, mode = parse_move(move)
+                now = checkpoint_mode(self.units[name])
+                if now is None or MODES.index(now) < MODES.index(mode):
+                    return rung
             rung += 1
         return rung
 
     def units_at(self, rung: int) -> int:
         """How many units rung ``rung`` checkpoints (``0`` before :meth:`set_stages`)."""
-        return sum(len(stage) for stage in self.stages[:rung]) if self.stages else 0
+        return len(self.modes_at(rung))
 
     def checkpointed(self) -> list[str]:
         """Names of the units checkpointed now."""
-        return [name for name, module in self.units.items() if is_checkpointed(module)]
+        return [name for name, module in self.units.items() if checkpoint_mode(module) is not None]
 
     def keep_spectrum(self) -> bool:
         """Whether every unit, checkpointed, keeps only its kept spectrum at a band-limiting
@@ -326,7 +465,7 @@ class CheckpointStages:
 
     def fallbacks(self) -> dict[str, str]:
         """Checkpointed units whose last training forward kept their full input, and why."""
-        reasons = {name: spectral_fallback(m) for name, m in self.units.items() if is_checkpointed(m)}
+        reasons = {name: spectral_fallback(m) for name, m in self.units.items() if checkpoint_mode(m) == FULL}
         return {name: reason for name, reason in reasons.items() if reason is not None}
 
     def release(self) -> None:

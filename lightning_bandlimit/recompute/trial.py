@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 
 from lightning_bandlimit.layers.band_limited import BandLimitedConvNd
 from lightning_bandlimit.recompute.running_stats import running_stats_kept
-from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
+from lightning_bandlimit.recompute.switch import FULL, checkpoint, checkpoint_mode, uncheckpoint
 
 __all__ = ["float32_eps", "replayed", "trial"]
 
@@ -57,6 +57,7 @@ def trial(
     compression: float | None = None,
     rtol: float = 1e-4,
     autocast: tuple[str, torch.dtype] | None = None,
+    mode: str = FULL,
 ) -> str | None:
     """Why checkpointing ``unit`` is not exact on ``args``, or ``None`` when it is.
 
@@ -90,7 +91,7 @@ def trial(
     )
     if sample is not None:
         rtol = max(rtol, 4 * float32_eps(sample.device, sample.dtype))
-    was_checkpointed = is_checkpointed(unit)
+    was = checkpoint_mode(unit)
     try:
         with _compression(unit, compression), running_stats_kept(list(unit.modules())):
             uncheckpoint(unit)
@@ -98,12 +99,12 @@ def trial(
                 plain = _run(unit, args, autocast)
             except Exception:  # the recorded samples do not suit the unit plainly: nothing to judge
                 return None
-            checkpoint(unit, name)
+            checkpoint(unit, name, mode)
             checkpointed = _run(unit, args, autocast)
     except Exception as error:
         return f"{name}: checkpointed, it raised {type(error).__name__}: {str(error).splitlines()[0][:200]}"
     finally:
-        (checkpoint if was_checkpointed else uncheckpoint)(unit)
+        checkpoint(unit, mode=was) if was is not None else uncheckpoint(unit)
     for what, a, b in zip(("output", "gradient"), plain, checkpointed):
         # a gradient that is zero but for round-off (a convolution's bias before a training-mode
         # BatchNorm) is compared at a hundredth of the largest one: its round-off differs
