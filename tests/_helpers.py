@@ -34,6 +34,9 @@ QUIET = {
 # AdaptiveBandLimit settings for scripted probes (free memory in thousandths of the device):
 # raise on the first check under 20 % free, give back after two checks over 40 %.
 SCRIPTED_ADAPTIVE = {
+    # rungs by stages: these tests script the ladder over the model's stages (the cost order,
+    # the default: tests/callbacks/test_rung_order.py)
+    "rung_order": "stages",
     "min_free": 0.2,
     "release_free": 0.4,
     "check_every_n_steps": 1,

@@ -56,7 +56,12 @@ def test_a_growing_baseline_is_logged_said_once_and_takes_exact_rungs_only(
 ) -> None:
     probe = _DriftingJob()
     callback = AdaptiveBandLimit(
-        probe=probe, min_free=0.6 * M, release_free=3 * M, check_every_n_steps=1, continuum_rung="zero"
+        probe=probe,
+        min_free=0.6 * M,
+        release_free=3 * M,
+        check_every_n_steps=1,
+        continuum_rung="zero",
+        rung_order="stages",
     )
     probe.callback = callback
     trainer = cpu_trainer([callback], default_root_dir=tmp_path, max_steps=24, limit_val_batches=0)

@@ -57,6 +57,7 @@ def _callback(frees: list[int] = PRESSURE, **kwargs: Any) -> AdaptiveBandLimit:
         **SCRIPTED_ADAPTIVE,
         "continuum_rung": "zero",
         "levers": ("checkpoint", "compression"),
+        "rung_order": "stages",
         **kwargs,
     }
     return AdaptiveBandLimit(probe=ScriptedProbe(free=frees, total=TOTAL), **kwargs)

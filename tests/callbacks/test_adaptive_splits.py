@@ -75,6 +75,7 @@ def _callback(probe: MemoryProbe, **kwargs: Any) -> AdaptiveBandLimit:
         release_free=3 * M,
         check_every_n_steps=1,
         continuum_rung="zero",
+        rung_order="stages",
         **kwargs,
     )
 
