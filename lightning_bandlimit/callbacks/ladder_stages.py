@@ -192,6 +192,25 @@ def failed_trials(
     return list(reasons)
 
 
+Plan = tuple[list[list[str]], list[int], list[int]]
+
+
+def _rounded(values: list[float]) -> list[int]:
+    return [round(v) for v in values]
+
+
+def _rank_zero_plan(plan: Plan | None, world_size: int) -> Plan | None:
+    """Under DDP, rank 0's rungs on every rank whose moves are the same (each rank timed its own
+    first step; one order keeps a rung the same units everywhere); one collective."""
+    if world_size == 1 or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return plan
+    shared: list[Any] = [plan]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    theirs = shared[0]
+    moves = lambda p: sorted(m for rung in p[0] for m in rung)  # noqa: E731
+    return theirs if plan is not None and theirs is not None and moves(theirs) == moves(plan) else plan
+
+
 def describe_stages(
     stages: list[list[str]], savings: list[int] | None, on_top: bool, sampled: bool = False
 ) -> None:
@@ -338,13 +357,16 @@ class ExactRungs:
             self.stages, self._rung = None, 0
             profile.inputs.clear()
             return None
-        plan = None
-        if self.order == "cost" and profile.inputs:
+        ordered = None
+        if self.order == "cost":  # the same collectives on every rank, whatever it measured
             no_pointwise = failed_trials(self.stages, profile, trial_compressions, world_size, POINTWISE)
-            plan = profiling.plan(self.stages, failed, no_pointwise, self.max_rungs)
-        if plan is not None:
-            stages = plan.rungs
-            savings, least = [round(b) for b in plan.savings], [round(b) for b in plan.least]
+            plan = None
+            if profile.inputs:
+                plan = profiling.plan(self.stages, failed, no_pointwise, self.max_rungs)
+            ordered = None if plan is None else (plan.rungs, _rounded(plan.savings), _rounded(plan.least))
+            ordered = _rank_zero_plan(ordered, world_size)
+        if ordered is not None:
+            stages, savings, least = ordered
             self.stages.set_stages(stages)
         else:  # the stages, highest resolution first (bytes unknown: the cost cannot order them)
             self.stages.set_stages(stages)
