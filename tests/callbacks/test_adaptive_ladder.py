@@ -793,3 +793,15 @@ def test_ddp_ranks_follow_the_same_ladder(tmp_path: Path) -> None:
     assert ranks[0]["checkpointed"] == ranks[1]["checkpointed"]
     assert max(len(names) for names in ranks[0]["checkpointed"]) == 4
     assert ranks[0]["layers"] == ranks[1]["layers"]
+
+
+def test_ddp_ranks_run_rank_zeros_cost_ordered_rungs(tmp_path: Path) -> None:
+    ranks = run_ddp_script(
+        Path(__file__).with_name("ddp_ladder_script.py"), tmp_path, LADDER_RUNG_ORDER="cost"
+    )
+    plan = ranks[0]["plan"]
+    assert plan and plan == ranks[1]["plan"]
+    assert any(move.startswith("pointwise:") for rung in plan for move in rung)
+    assert ranks[0]["timeline"] == ranks[1]["timeline"] and len(ranks[0]["timeline"]) == 16
+    assert max(r for _, r, _ in (tuple(t) for t in ranks[0]["timeline"])) >= 1
+    assert ranks[0]["checkpointed"] == ranks[1]["checkpointed"]
