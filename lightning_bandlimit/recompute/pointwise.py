@@ -52,7 +52,7 @@ LAYER_TYPES: tuple[type[torch.nn.Module], ...] = (
 
 def pointwise_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
     """The selective checkpointing policy of the pointwise mode: keep the outputs of
-    :data:`SAVED_OPS`, recompute every other op.
+    :data:`SAVED_OPS` (but of convolutions over 1 x 1 maps), recompute every other op.
 
     Example:
         >>> pointwise_policy(None, torch.ops.aten.convolution.default)
@@ -60,7 +60,19 @@ def pointwise_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Checkpoint
         >>> pointwise_policy(None, torch.ops.aten.relu.default)
         <CheckpointPolicy.PREFER_RECOMPUTE: 3>
     """
-    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    if op not in SAVED_OPS or (op is _CONVOLUTION and _pooled(args[0])):
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE
+
+
+_CONVOLUTION = torch.ops.aten.convolution.default
+
+
+def _pooled(input: Any) -> bool:
+    """A convolution over 1 x 1 maps (a squeeze-excitation's): its output is tiny and cheap to
+    recompute, and often changed in place by the activation after it (which a kept output
+    must not be)."""
+    return isinstance(input, torch.Tensor) and input.dim() > 2 and all(size == 1 for size in input.shape[2:])
 
 
 def pointwise_contexts(recompute: Callable[[], contextlib.AbstractContextManager[Any]]) -> tuple[Any, Any]:

@@ -22,6 +22,7 @@ from lightning_bandlimit import SavedTensorMeter, bandlimit, set_compression
 from lightning_bandlimit.ladder import LadderController, Setting
 from lightning_bandlimit.microbatch import split_batch, split_trial
 from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint_units
+from lightning_bandlimit.recompute.trial import trial
 
 SEED = 1234
 FLOOR = 1.0  # each gradient's error is relative to max(its norm, FLOOR * the norm of all)
@@ -30,6 +31,7 @@ CELLS = (
     "c05_step",
     "rungs_exact_c0",
     "rungs_exact_c05",
+    "cost_rungs_exact",
     "step_squeeze",
     "ladder_in_trainer",
     "bf16",
@@ -211,6 +213,53 @@ def rungs_exact_c0(name: str) -> dict[str, Any]:
 
 def rungs_exact_c05(name: str) -> dict[str, Any]:
     return rungs_exact(name, 0.5)
+
+
+def cost_rungs_exact(name: str) -> dict[str, Any]:
+    """Every rung of the cost order (:meth:`UnitProfile.plan`: pointwise modes, then full ones,
+    cheapest bytes first) gives the gradients of no checkpointing at c=0; the top rung has every
+    unit in full; the rungs keep no more bytes for backward as they climb, but for round-off."""
+    return in_float32_else_float64(lambda dtype, rtol: _cost_rungs_exact(name, dtype, rtol))
+
+
+def _cost_rungs_exact(name: str, dtype: torch.dtype, rtol: float) -> dict[str, Any]:
+    model = bandlimit(build(name, dtype), 0.0)
+    x, y = batch(name, dtype=dtype)
+    stages = CheckpointStages(checkpoint_units(model))
+    with stages.profile(exclude=model.parameters(), record=2) as profile:
+        forward_backward(model, x, y)
+    # as the callback does: a unit whose pointwise mode is not exact on its samples keeps only
+    # its full mode (e.g. a convolution's saved output that an in-place activation then changes)
+    no_pointwise = [
+        n
+        for n, args in profile.inputs.items()
+        if trial(n, stages.units[n], args, mode="pointwise") is not None
+    ]
+    profile.inputs.clear()
+    plan = profile.plan(no_pointwise=no_pointwise)
+    stages.set_stages(plan.rungs)
+    reference = grads(model)
+    rtol = roundoff_rtol(model, x, y, reference, rtol)
+    kept, worst = [profile.meter.bytes], 0.0
+    for rung in range(1, len(plan.rungs) + 1):
+        stages.apply(rung)
+        meter = SavedTensorMeter(exclude=model.parameters())
+        _, loss = forward_backward(model, x, y, meter)
+        assert torch.isfinite(loss), f"rung {rung}: loss {loss}"
+        kept.append(meter.bytes)
+        worst = max(worst, assert_grads_close(grads(model), reference, rtol, f"cost rung {rung} vs rung 0"))
+    assert set(stages.modes_at(len(plan.rungs)).values()) == {"full"}
+    assert len(stages.modes_at(len(plan.rungs))) == len(stages.units)
+    stages.apply(0)
+    assert kept[-1] < kept[0], f"top rung keeps {kept[-1]} bytes for backward, rung 0 {kept[0]}"
+    pointwise = sum(move.startswith("pointwise:") for rung in plan.rungs for move in rung)
+    return {
+        "rungs": len(plan.rungs),
+        "pointwise_moves": pointwise,
+        "no_pointwise": len(no_pointwise),
+        "bytes": kept,
+        "worst_grad_rel_err": worst,
+    }
 
 
 def step_squeeze(name: str) -> dict[str, Any]:
@@ -562,6 +611,7 @@ CELL_FUNCTIONS = {
     "c05_step": c05_step,
     "rungs_exact_c0": rungs_exact_c0,
     "rungs_exact_c05": rungs_exact_c05,
+    "cost_rungs_exact": cost_rungs_exact,
     "step_squeeze": step_squeeze,
     "ladder_in_trainer": ladder_in_trainer,
     "bf16": bf16,
