@@ -38,6 +38,7 @@ from lightning_bandlimit.utils.validation import check_choice, check_compression
 
 LEVERS = ("checkpoint", "microbatch", "compression")
 CONTINUUM_RUNGS = ("auto", "top", "zero")
+RUNG_ORDERS = ("cost", "pointwise", "stages")
 # The compression units are also tried at (lossy lever): where a kept-spectrum unit differs most.
 TRIAL_COMPRESSION = 0.5
 
@@ -55,10 +56,9 @@ class AdaptiveBandLimit(BandLimit):
 
     1. **Activation checkpointing** (``"checkpoint"`` lever; exact gradients) of the model's
        residual-block-like units (:func:`~lightning_bandlimit.recompute.stages.checkpoint_units`,
-       or ``checkpoint_units`` patterns): by default the rungs take the cheapest bytes first
-       (``rung_order``: a unit's pointwise mode, keeping its convolutions' outputs, then its full
-       one; :mod:`lightning_bandlimit.recompute.plan`), else by stages. Switched between steps,
-       in place, non-reentrant (DDP-safe), BatchNorm running statistics updated once per step.
+       or ``checkpoint_units``): the cheapest bytes first, a unit or a few per rung (``rung_order``,
+       :mod:`lightning_bandlimit.recompute.plan`), switched between steps, in place,
+       non-reentrant (DDP-safe), BatchNorm running statistics updated once per step.
     2. **Micro-batch split** (``"microbatch"`` lever; exact for a per-sample mean loss without
        batch-dependent layers): on the top rung, each step's batch runs in 2, 4, ... up to
        ``max_split`` chunks whose gradients accumulate before one optimizer step
@@ -123,8 +123,8 @@ class AdaptiveBandLimit(BandLimit):
         levers: which levers the ladder may use: ``"checkpoint"``, ``"microbatch"``, ``"compression"``.
         checkpoint_units: glob patterns over module names choosing the units to checkpoint
             (default: found automatically).
-        rung_order: ``"cost"``: rungs by bytes freed per second of recompute, measured on the
-            first step; ``"stages"``: rung ``r`` checkpoints the first ``r`` stages in full.
+        rung_order: ``"cost"``: rungs by bytes freed per second of recompute (first step);
+            ``"pointwise"``: also each unit's pointwise mode; ``"stages"``: by whole stages.
         max_slowdown: the most step time a checkpointing rung may cost relative to none
             (e.g. ``1.3``); ``None``: no cap.
         max_split: the most chunks the micro-batch lever runs a step's batch in (``1``: none).
@@ -181,7 +181,7 @@ class AdaptiveBandLimit(BandLimit):
         compression = check_compression(compression)  # refused as BandLimit refuses it, then clamped
         levers = check_selection("levers", levers, LEVERS)
         check_choice("continuum_rung", continuum_rung, CONTINUUM_RUNGS)
-        check_choice("rung_order", rung_order, ("cost", "stages"))
+        check_choice("rung_order", rung_order, RUNG_ORDERS)
         if "compression" not in levers:
             check_compression(max_compression, "max_compression")  # unused then, but refused alike
             max_compression = min_compression

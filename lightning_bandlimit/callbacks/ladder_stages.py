@@ -136,7 +136,12 @@ class Profiling:
             self.profile.inputs.clear()
 
     def plan(
-        self, stages: CheckpointStages, drop: list[str], no_pointwise: list[str], max_rungs: int
+        self,
+        stages: CheckpointStages,
+        drop: list[str],
+        no_pointwise: list[str],
+        max_rungs: int,
+        pointwise: bool = True,
     ) -> RungPlan | None:
         """The rungs by bytes freed per second of recompute
         (:meth:`~lightning_bandlimit.recompute.stages.UnitProfile.plan`); measured checkpointed,
@@ -145,12 +150,12 @@ class Profiling:
         try:
             profile = self.profile
             if not self.checkpointed:
-                return profile.plan(drop, no_pointwise, max_rungs=max_rungs)
+                return profile.plan(drop, no_pointwise, max_rungs=max_rungs, pointwise=pointwise)
             full = sampled_unit_savings(stages, profile, drop)
             if full is None:
                 return None
             least = {n: max(0, b - profile.input_bytes.get(n, 0)) for n, b in full.items()}
-            return profile.plan(drop, no_pointwise, full=full, least=least, max_rungs=max_rungs)
+            return profile.plan(drop, no_pointwise, full, least, max_rungs, pointwise)
         finally:
             self.profile.inputs.clear()
 
@@ -265,10 +270,10 @@ class ExactRungs:
     Args:
         stages: the units (:func:`find_stages`), ``None``: no exact rungs.
         rung: the rung to run at once the stages are known (e.g. restored from a checkpoint).
-        order: ``"cost"``: the rungs take the cheapest bytes first, a unit's pointwise mode and
-            its full one as separate moves, at most ``max_rungs``
-            (:mod:`lightning_bandlimit.recompute.plan`); ``"stages"``: rung ``r`` checkpoints
-            the first ``r`` stages in full (highest resolution first).
+        order: ``"cost"``: the rungs take the cheapest bytes first, a unit or a few per rung, at
+            most ``max_rungs`` (:mod:`lightning_bandlimit.recompute.plan`); ``"pointwise"``: the
+            same with each unit's pointwise mode as a move before its full one; ``"stages"``:
+            rung ``r`` checkpoints the first ``r`` stages in full (highest resolution first).
         max_rungs: the most rungs with ``order="cost"``.
 
     Example:
@@ -358,11 +363,14 @@ class ExactRungs:
             profile.inputs.clear()
             return None
         ordered = None
-        if self.order == "cost":  # the same collectives on every rank, whatever it measured
-            no_pointwise = failed_trials(self.stages, profile, trial_compressions, world_size, POINTWISE)
+        if self.order != "stages":  # the same collectives on every rank, whatever it measured
+            pointwise = self.order == "pointwise"
+            no_pointwise = []
+            if pointwise:
+                no_pointwise = failed_trials(self.stages, profile, trial_compressions, world_size, POINTWISE)
             plan = None
             if profile.inputs:
-                plan = profiling.plan(self.stages, failed, no_pointwise, self.max_rungs)
+                plan = profiling.plan(self.stages, failed, no_pointwise, self.max_rungs, pointwise)
             ordered = None if plan is None else (plan.rungs, _rounded(plan.savings), _rounded(plan.least))
             ordered = _rank_zero_plan(ordered, world_size)
         if ordered is not None:

@@ -299,6 +299,7 @@ class UnitProfile:
         full: dict[str, int] | None = None,
         least: dict[str, int] | None = None,
         max_rungs: int = 8,
+        pointwise: bool = True,
     ) -> RungPlan:
         """The exact rungs by bytes freed per second of recompute
         (:func:`~lightning_bandlimit.recompute.plan.plan_rungs`), from this forward's bytes and
@@ -312,6 +313,7 @@ class UnitProfile:
             full: bytes checkpointing each unit in full frees (default: :meth:`unit_savings`).
             least: the least each may free (default: ``full``).
             max_rungs: the most rungs.
+            pointwise: offer each unit's pointwise move (else full moves only).
         """
         pointwise_seen = None if full is not None else self.pointwise_savings()
         full = self.unit_savings() if full is None else full
@@ -320,15 +322,15 @@ class UnitProfile:
         costs = {}
         for name in names:
             layers = self.layer_bytes.get(name)
-            pointwise = None
-            if layers is not None and name not in no_pointwise:
+            freed = None  # by the unit's pointwise move
+            if pointwise and layers is not None and name not in no_pointwise:
                 if pointwise_seen is not None:
-                    pointwise = min(pointwise_seen.get(name, 0), full[name])
+                    freed = min(pointwise_seen.get(name, 0), full[name])
                 else:  # measured checkpointed: the full figure less what the mode keeps anyway
-                    pointwise = max(0, full[name] - layers - self.output_bytes.get(name, 0))
+                    freed = max(0, full[name] - layers - self.output_bytes.get(name, 0))
             seconds, layer_seconds = self._typical_seconds(name)
             rest = None if seconds is None else max(0.0, seconds - layer_seconds)
-            costs[name] = UnitCost(full[name], least.get(name, full[name]), seconds, pointwise, rest)
+            costs[name] = UnitCost(full[name], least.get(name, full[name]), seconds, freed, rest)
         return plan_rungs(costs, names, max_rungs)
 
 

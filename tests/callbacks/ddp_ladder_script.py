@@ -1,7 +1,7 @@
 """Run by test_adaptive_ladder.py: 2-process CPU DDP over the ladder; only rank 1's probe sees
 pressure, and rank 1 checkpoints only the first two stages (a lower top rung, as max_slowdown
 can leave one rank with), so the ranks first agree on the top rung, then on the ladder position.
-With ``LADDER_RUNG_ORDER=cost`` both ranks have every unit and the cost-ordered rungs (each rank
+With ``LADDER_RUNG_ORDER=cost`` both ranks have every unit and the cost-ordered rungs (pointwise) (each rank
 times its own first step): the ranks must run rank 0's rungs."""
 
 import os
@@ -47,7 +47,7 @@ if __name__ == "__main__":
         probe=ScriptedProbe(free=TRACES[rank], total=100 * M),
         checkpoint_units=UNITS[rank],
         levers=("checkpoint", "compression"),  # the rungs and the continuum agreed (splits: unit tests)
-        **{**SCRIPTED_ADAPTIVE, "rung_order": "cost" if COST else "stages"},
+        **{**SCRIPTED_ADAPTIVE, "rung_order": "pointwise" if COST else "stages"},
     )
     spy = Checkpointed()
 

@@ -1,4 +1,4 @@
-"""AdaptiveBandLimit's default rung order: the cheapest bytes first, pointwise modes included.
+"""AdaptiveBandLimit's rung orders: the cheapest bytes first (the default), with pointwise modes.
 
 The rungs come from the first step's profile (:meth:`UnitProfile.plan`); under a scripted squeeze
 the job climbs them, runs units in their pointwise mode, stays exact (the same weights as the
@@ -30,7 +30,7 @@ BLOCKS = [f"backbone.{i}" for i in range(3, 11)]
 
 
 def _callback(frees: list[int], **kwargs: Any) -> AdaptiveBandLimit:
-    kwargs = {**SCRIPTED_ADAPTIVE, "rung_order": "cost", "levers": ("checkpoint",), **kwargs}
+    kwargs = {**SCRIPTED_ADAPTIVE, "rung_order": "pointwise", "levers": ("checkpoint",), **kwargs}
     return AdaptiveBandLimit(probe=ScriptedProbe(free=frees, total=TOTAL), **kwargs)
 
 
@@ -77,9 +77,14 @@ def test_the_squeeze_climbs_the_cost_ordered_rungs_exactly(tmp_path: Path) -> No
     assert pointwise
     assert all(moves.index(m) < moves.index(parse_move(m)[0]) for m in pointwise)
     assert callback.controller.rungs == len(rungs) <= 8
-    # the ladder climbed, ran some unit in the pointwise mode, and gave everything back
-    seen = [mode for step in modes.modes.values() for mode in step.values()]
-    assert "pointwise" in seen and max(d["rung"] for d in callback.decisions) >= 1
+    # the ladder climbed, every step ran a rung's modes exactly, and it gave everything back
+    top = max(d["rung"] for d in callback.decisions)
+    assert top >= 1
+    states = [{n: m for n, m in step.items() if m is not None} for step in modes.modes.values()]
+    assert all(state in modes.modes_at.values() for state in states)
+    assert modes.modes_at[top] in states
+    if any("pointwise" in modes.modes_at[r].values() for r in range(1, top + 1)):
+        assert any("pointwise" in state.values() for state in states)
     assert callback.decisions[-1]["rung"] == 0
     assert set(modes.modes[max(modes.modes)].values()) == {None}
     # exact: the weights of the same fit without pressure
@@ -99,6 +104,14 @@ def test_the_stage_order_has_no_pointwise_moves(tmp_path: Path) -> None:
     callback = _callback(PRESSURE[:8], rung_order="stages")
     _, modes = _fit(callback, tmp_path, max_steps=6)
     assert modes.rungs == [BLOCKS[i : i + 2] for i in range(0, 8, 2)]
+
+
+def test_the_cost_order_takes_units_in_full_a_few_per_rung(tmp_path: Path) -> None:
+    callback = _callback(PRESSURE[:8], rung_order="cost")
+    _, modes = _fit(callback, tmp_path, max_steps=6)
+    moves = [m for rung in modes.rungs for m in rung]
+    assert sorted(moves) == sorted(BLOCKS)  # full moves only, each unit once
+    assert 4 < len(modes.rungs) <= 8  # finer than the 4 stages
 
 
 def test_bad_rung_order() -> None:
