@@ -20,12 +20,13 @@ from lightning_bandlimit.functional.lean.conv import lean_conv
 from lightning_bandlimit.functional.lean.ops import lean_wanted
 from lightning_bandlimit.functional.lean.sources import (
     Saved,
+    engage,
     hands_spectrum_on,
     keeps_spectra,
     lookup,
     publish,
 )
-from lightning_bandlimit.functional.spatial_conv import spatial_conv
+from lightning_bandlimit.functional.spatial_conv import SpatialConvFunction, spatial_conv
 from lightning_bandlimit.functional.spectral_kernel import (
     KEEP_SMALLER,
     KEEP_SPECTRUM,
@@ -174,6 +175,16 @@ def band_limited_conv(
     return (out.squeeze(0) if unbatched else out), plan.band
 
 
+def _engage_if_band_limited(out: torch.Tensor) -> None:
+    """A public call that ran a band-limited op under autograd makes the memory-lean modules look
+    at their inputs from then on (:func:`~.lean.sources.quiet`; a layer engages itself)."""
+    node = out.grad_fn
+    while node is not None and type(node).__name__.startswith("SqueezeBackward"):  # 1-d, unbatched
+        node = node.next_functions[0][0]
+    if node is not None and type(node) in (FFTConvFunction._backward_cls, SpatialConvFunction._backward_cls):
+        engage()
+
+
 def _symmetric(geometry: ConvGeometry) -> bool:
     return all(before == after for before, after in geometry.pads)
 
@@ -291,6 +302,7 @@ def fft_conv2d(
         memory_lean,
         check_algorithm(algorithm),
     )
+    _engage_if_band_limited(out)
     return out
 
 
@@ -354,4 +366,5 @@ def fft_conv1d(
         memory_lean,
         check_algorithm(algorithm),
     )
+    _engage_if_band_limited(out)
     return out

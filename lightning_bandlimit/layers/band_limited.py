@@ -17,6 +17,7 @@ from torch import nn
 from lightning_bandlimit.functional.algorithm import check_algorithm
 from lightning_bandlimit.functional.compile import compiled_band_limited_conv
 from lightning_bandlimit.functional.fft_conv import band_limited_conv
+from lightning_bandlimit.functional.lean.sources import disengage, engage, published_any
 from lightning_bandlimit.utils.validation import check_bool, check_compression
 
 __all__ = [
@@ -29,7 +30,7 @@ __all__ = [
 ]
 
 _Self = TypeVar("_Self", bound="BandLimitedConvNd")
-_BANDLIMIT_ATTRIBUTES = ("_compression", "_achieved_compression", "memory_lean", "_algorithm")
+_BANDLIMIT_ATTRIBUTES = ("_compression", "_achieved_compression", "memory_lean", "_algorithm", "_full_band")
 
 
 def _twin(source: nn.Module, cls: type) -> Any:
@@ -39,6 +40,23 @@ def _twin(source: nn.Module, cls: type) -> Any:
         {k: copy.copy(v) if isinstance(v, (dict, set)) else v for k, v in source.__dict__.items()}
     )
     return twin
+
+
+def native_geometry(conv: nn.Module) -> bool:
+    """Whether ``conv``'s padding lets ``algorithm="auto"`` run the native convolution at a full
+    band: zeros, the same before and after on every axis (``padding="same"`` pads asymmetrically
+    where a total ``dilation * (kernel_size - 1)`` is odd).
+
+    Example:
+        >>> odd, even = nn.Conv2d(1, 1, 3, padding="same"), nn.Conv2d(1, 1, 2, padding="same")
+        >>> native_geometry(odd), native_geometry(even)
+        (True, False)
+    """
+    if conv.padding_mode != "zeros":
+        return False
+    if conv.padding == "same":
+        return all(d * (k - 1) % 2 == 0 for d, k in zip(conv.dilation, conv.kernel_size))  # type: ignore[arg-type]
+    return True
 
 
 class BandLimitedConvNd:
@@ -62,6 +80,16 @@ class BandLimitedConvNd:
     ``compression`` and ``algorithm`` are checked when set (the constructor sets them too); the
     forward pass trusts them.
 
+    **The full band at plain speed**: where ``algorithm="auto"`` would run the native
+    convolution whatever the input (``compression=0``, ``padding_mode="zeros"``, symmetric
+    padding: not ``padding="same"`` with an even total), the setters record it once and the
+    forward pass is ``nn.Conv2d``'s own, with no per-call planning: the same op, so the same
+    result bit for bit. The one exception is checked per call, cheaply: in memory-lean training,
+    an input an earlier lean op published a recipe for still goes through the lean native
+    convolution (any recipe at all sends the call down the general path). ``padding``,
+    ``padding_mode``, ``dilation`` and ``kernel_size`` are read at construction and by the
+    setters, as ``nn.Conv2d`` reads its padding once.
+
     Under ``torch.compile`` the layer compiles without graph breaks: at ``compression=0`` it
     runs ``nn.Conv2d``'s forward, above it one custom op
     (:mod:`~lightning_bandlimit.functional.compile`) whose compiled graph serves every
@@ -74,6 +102,8 @@ class BandLimitedConvNd:
     _algorithm: str = "auto"
     # A 0-d tensor when set inside a compiled graph (a tensor serves every compression).
     _achieved_compression: float | torch.Tensor | None = None
+    # Set by the setters: every forward pass is the native convolution (class docstring).
+    _full_band: bool = False
     memory_lean: bool
 
     def __init__(self, *args: Any, compression: float = 0.0, memory_lean: bool = True, **kwargs: Any) -> None:
@@ -86,9 +116,18 @@ class BandLimitedConvNd:
         self, input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         compiling = torch.compiler.is_compiling()
+        if (
+            self._full_band
+            and not compiling
+            and (not (self.memory_lean and self.training) or not published_any())  # type: ignore[attr-defined]
+        ):  # the native convolution, and no input can carry a recipe for the lean hand-off
+            self.__dict__["_achieved_compression"] = 0.0  # a plain attribute: skip Module.__setattr__
+            return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
         if compiling and self._compression == 0:  # the full band: the plain convolution compiles natively
             self._achieved_compression = 0.0
             return super()._conv_forward(input, weight, bias)  # type: ignore[misc]
+        if not self._full_band and not compiling:
+            engage(self)  # its outputs may be band-limited: the lean modules look at their inputs
         out, achieved = (compiled_band_limited_conv if compiling else band_limited_conv)(
             input,
             weight,
@@ -123,6 +162,7 @@ class BandLimitedConvNd:
     @compression.setter
     def compression(self, value: float) -> None:
         self._compression = check_compression(value)
+        self._refresh_full_band()
 
     @property
     def algorithm(self) -> str:
@@ -131,6 +171,15 @@ class BandLimitedConvNd:
     @algorithm.setter
     def algorithm(self, value: str) -> None:
         self._algorithm = check_algorithm(value)
+        self._refresh_full_band()
+
+    def _refresh_full_band(self) -> None:
+        """Decide, once per change of the compression or the algorithm, whether every forward
+        pass runs the native convolution (see the class docstring)."""
+        full = self._compression == 0 and self._algorithm == "auto" and native_geometry(self)  # type: ignore[arg-type]
+        self._full_band = full
+        if full:
+            disengage(self)
 
     @classmethod
     def from_conv(
@@ -246,11 +295,13 @@ def swap_to_bandlimited(conv: nn.Module, compression: float, memory_lean: bool) 
     conv.__class__ = BANDLIMITED_TWINS[type(conv)]
     layer: BandLimitedConvNd = conv  # type: ignore[assignment]
     layer._compression, layer.memory_lean, layer.achieved_compression = compression, memory_lean, None
+    layer._refresh_full_band()
     return layer
 
 
 def swap_to_plain(layer: BandLimitedConvNd) -> nn.Module:
     """The exact inverse of :func:`swap_to_bandlimited`: the same object, its plain class again."""
+    disengage(layer)
     for attribute in _BANDLIMIT_ATTRIBUTES:
         layer.__dict__.pop(attribute, None)
     layer.__class__ = layer._plain  # type: ignore[assignment]

@@ -10,6 +10,8 @@ gradients equal those of the plain modules (to round-off). Outside training with
 the plain module's forward. They also run it on activations that carry no recipe, i.e. that do
 not descend from a band-limited convolution at a compression above 0 (every activation at
 ``compression=0``; see ``_band_limited``): there the plain module keeps no more and runs faster.
+While every band-limited layer of the process sits at its full band, that is decided by one global
+test, not per activation (``_plain_forward``).
 Inside ``torch.compile`` they run the plain module's forward too (see ``_plain_forward``): the
 hand-off between lean ops goes through Python-side state that cannot be traced.
 
@@ -35,17 +37,22 @@ from lightning_bandlimit.functional.lean.ops import (
     lean_relu,
     lean_wanted,
 )
-from lightning_bandlimit.functional.lean.sources import lookup
+from lightning_bandlimit.functional.lean.sources import lookup, quiet
 from lightning_bandlimit.functional.spatial_conv import SpatialConvFunction
 from lightning_bandlimit.functional.spectral_kernel import FFTConvFunction
 
 
 def _plain_forward(training: bool, input: torch.Tensor, *params: torch.Tensor | None) -> bool:
     """Whether a lean module runs its plain module's forward: outside training with gradients,
-    inside ``torch.compile``, or on an activation that is not band-limited."""
+    inside ``torch.compile``, or on an activation that is not band-limited.
+
+    While no band-limited op is engaged (:func:`~lightning_bandlimit.functional.lean.sources.quiet`:
+    every band-limited layer at its full band, e.g. ``compression=0``), no activation is
+    band-limited: one global test, the input is not looked at."""
     return (
         not training
         or torch.compiler.is_compiling()
+        or quiet()
         or not lean_wanted(input, *params)
         or not _band_limited(input)
     )

@@ -45,7 +45,7 @@ __all__ = [
     "lookup",
     "publish",
 ]
-__all__ += ["rebuild", "reuse", "sharing"]
+__all__ += ["disengage", "engage", "published_any", "quiet", "rebuild", "reuse", "sharing"]
 
 
 class Source:
@@ -207,6 +207,62 @@ def lookup(tensor: torch.Tensor) -> tuple[Source, tuple[torch.Tensor, ...]] | No
     if not entry.tensors and isinstance(entry.source, Saved):
         return entry.source, (tensor,)
     return entry.source, entry.tensors
+
+
+def published_any() -> bool:
+    """Whether any recipe is published in this thread: ``False`` means :func:`lookup` returns
+    ``None`` for every tensor (one dictionary read; a full-band layer's per-call test)."""
+    return bool(_REGISTRY.entries)
+
+
+# ---------------------------------------------------------------- whether any recipe can exist
+class _Engaged:
+    """Who may have produced a band-limited activation that is still alive (see :func:`quiet`)."""
+
+    def __init__(self) -> None:
+        # Layers that ran a band-limited op since they last were set to their full-band fast path.
+        self.layers: weakref.WeakSet[object] = weakref.WeakSet()
+        # A functional band-limited convolution ran while autograd recorded it, without publishing.
+        self.functional = False
+
+
+_ENGAGED = _Engaged()
+
+
+def engage(layer: object | None = None) -> None:
+    """Record that ``layer`` runs a band-limited op (``None``: a functional call, for good).
+
+    Called by a band-limited layer whenever it does not take its full-band fast path, and by
+    the public functional convolutions when they run a band-limited op that publishes nothing.
+    """
+    if layer is None:
+        _ENGAGED.functional = True
+    else:
+        _ENGAGED.layers.add(layer)
+
+
+def disengage(layer: object) -> None:
+    """Record that ``layer`` runs the plain convolution from now on (its setters, its swap back)."""
+    _ENGAGED.layers.discard(layer)
+
+
+def quiet() -> bool:
+    """Whether no activation can descend from a band-limited op: no band-limited layer is engaged
+    (every one sits at its full band, e.g. ``compression=0``, or is gone), no functional
+    band-limited convolution ran unpublished, and no recipe is published in this thread.
+
+    The memory-lean modules run their plain twin's forward then without looking at the input.
+    Process-wide: a model at ``compression > 0`` beside one at 0 makes neither quiet. A layer set
+    back to its full band while its band-limited outputs are still alive no longer counts; what
+    follows those outputs then keeps what the plain modules keep (the same results).
+
+    Example:
+        >>> y = torch.randn(2, 3, requires_grad=True) * 1.0
+        >>> publish(y, Saved(), ())  # a recipe exists while y lives
+        >>> quiet(), published_any()
+        (False, True)
+    """
+    return not (_ENGAGED.layers or _ENGAGED.functional or _REGISTRY.entries)
 
 
 # ---------------------------------------------------------------- one rebuilt tensor, shared
