@@ -912,7 +912,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     budgets = [] if args.no_compile else list(args.budgets)
     if budgets and 1.0 not in budgets:
         budgets = [1.0, *budgets]
-    torch.set_flush_denormal(True)
+    torch.set_flush_denormal(True)  # process-wide: set back before returning (tests call main)
+    try:
+        return _measure_all(args, budgets)
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def _measure_all(args: argparse.Namespace, budgets: list[float]) -> dict[str, Any]:
     started = time.perf_counter()
     load_start = os.getloadavg()
     results = {}

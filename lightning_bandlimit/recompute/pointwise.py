@@ -55,12 +55,14 @@ def pointwise_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Checkpoint
     :data:`SAVED_OPS` (but of convolutions over 1 x 1 maps), recompute every other op.
 
     Example:
-        >>> pointwise_policy(None, torch.ops.aten.convolution.default)
+        >>> pointwise_policy(None, torch.ops.aten.convolution.default, torch.zeros(1, 2, 8, 8))
         <CheckpointPolicy.MUST_SAVE: 0>
+        >>> pointwise_policy(None, torch.ops.aten.convolution.default, torch.zeros(1, 2, 1, 1))
+        <CheckpointPolicy.PREFER_RECOMPUTE: 3>
         >>> pointwise_policy(None, torch.ops.aten.relu.default)
         <CheckpointPolicy.PREFER_RECOMPUTE: 3>
     """
-    if op not in SAVED_OPS or (op is _CONVOLUTION and _pooled(args[0])):
+    if op not in SAVED_OPS or (op is _CONVOLUTION and args and _pooled(args[0])):
         return CheckpointPolicy.PREFER_RECOMPUTE
     return CheckpointPolicy.MUST_SAVE
 

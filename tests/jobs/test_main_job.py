@@ -56,14 +56,17 @@ def test_runs_plain_the_ladder_and_compression_only_then_attacks_two(
         True,
         False,
     ]  # the ladder is not attacked
-    # the ladder starts exact (compression 0) and measured its checkpointing rungs (4 stages of
-    # blocks in the quickstart ResNet); compression-only never checkpoints
-    assert ladder["mode"] == "adaptive" and ladder["rungs"] == 4 and banded["rungs"] == 0
+    # the ladder starts exact (compression 0) and measured its checkpointing rungs (the quickstart
+    # ResNet's 8 blocks, cheapest bytes first, a few per rung: more rungs than its 4 stages, at
+    # most 8); compression-only never checkpoints
+    top = ladder["rungs"]
+    assert ladder["mode"] == "adaptive" and 4 < top <= 8 and banded["rungs"] == 0
     ladder_timeline = json.loads((run_dir / "ladder" / "result.json").read_text())["timeline"]
     assert ladder_timeline[0]["compression"] == 0.0 and ladder_timeline[0]["checkpointed_units"] == 0
-    for r in ladder_timeline:  # the stages' units on every rung; compression only on the top rung
-        assert r["checkpointed_units"] == 2 * r["rung"], r  # (its blocks keep their kept spectrum)
-        assert r["compression"] == 0.0 or r["rung"] == 4, r
+    for r in ladder_timeline:  # units only on a rung, all 8 on the top; compression only there
+        assert (r["checkpointed_units"] > 0) == (r["rung"] > 0), r
+        assert r["rung"] < top or r["checkpointed_units"] == 8, r
+        assert r["compression"] == 0.0 or r["rung"] == top, r
     # the printed verdict is computed from the rows
     over = {v: variants[v]["over_budget_steps"] for v in variants}
     assert summary["verdict"][0] == (
