@@ -83,7 +83,8 @@ def test_the_squeeze_climbs_the_cost_ordered_rungs_exactly(tmp_path: Path) -> No
     states = [{n: m for n, m in step.items() if m is not None} for step in modes.modes.values()]
     assert all(state in modes.modes_at.values() for state in states)
     assert modes.modes_at[top] in states
-    if any("pointwise" in modes.modes_at[r].values() for r in range(1, top + 1)):
+    visited = {d["rung"] for d in callback.decisions}  # the ladder may jump past some rungs
+    if any("pointwise" in modes.modes_at[r].values() for r in visited):
         assert any("pointwise" in state.values() for state in states)
     assert callback.decisions[-1]["rung"] == 0
     assert set(modes.modes[max(modes.modes)].values()) == {None}
