@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ladder",),  # the decision policy, torch-free
     ("tenants",),  # a device's tenants: the ledger and the rule they share, torch-free
     ("microbatch",),  # the micro-batch lever: a step's batch in chunks (torch, Lightning)
+    ("health",),  # a job's peers: ordered exit, heartbeats, stragglers (torch.distributed)
     ("strategies", "callbacks"),
     ("models",),  # the example LightningModule may use the strategies' schedules
     ("recipes",),

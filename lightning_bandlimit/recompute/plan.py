@@ -86,8 +86,9 @@ def plan_rungs(costs: Mapping[str, UnitCost], units: Sequence[str], max_rungs: i
 
     Args:
         costs: what each unit's moves free and cost.
-        units: the units in their fallback order (highest resolution first): ties, and every
-            move when a unit's time is unknown, go in this order.
+        units: the units in their fallback order (highest resolution first): ties go in this
+            order. When any unit's time is unknown, every unit counts one second (a pointwise
+            move half its unit's), so the moves go by bytes.
         max_rungs: the most rungs (moves are grouped into rungs of about ``1 / max_rungs`` of
             the bytes); at least 1.
 

@@ -73,7 +73,7 @@ class Segment:
         self.name = name if name is not None else repr(self)
 
     def __repr__(self) -> str:
-        return f"Segment({type(own_class(self.chain)).__name__}[{self.start}:{self.stop}])"
+        return f"Segment({own_class(self.chain).__name__}[{self.start}:{self.stop}])"
 
     def __call__(self, input: Any) -> Any:
         """Run the segment's layers as its chain runs them (checkpointed while it is, in training)."""
@@ -123,7 +123,13 @@ class Segment:
 
     def checkpoint(self, mode: str = "full") -> None:
         """Run the segment checkpointed from the chain's next training forward on, in ``mode``
-        (``"full"`` or ``"pointwise"``, as :func:`~lightning_bandlimit.recompute.switch.checkpoint`)."""
+        (``"full"`` or ``"pointwise"``, as :func:`~lightning_bandlimit.recompute.switch.checkpoint`).
+
+        Raises:
+            ValueError: ``mode`` is neither.
+        """
+        if mode not in ("pointwise", "full"):
+            raise ValueError(f"mode must be one of ['pointwise', 'full'], got {mode!r}")
         self.mode = mode
         if not isinstance(self.chain, _Segmented):
             self.chain.__class__ = _segmented_class(type(self.chain))

@@ -322,11 +322,6 @@ def test_an_unknown_mode_raises_and_changes_nothing() -> None:
     uncheckpoint(block)
 
 
-@pytest.mark.xfail(
-    reason="Segment.checkpoint (recompute/segments.py) does not check its mode: 'bogus' is taken, "
-    "checkpoint_mode reads it back and the segment runs in full",
-    strict=True,
-)
 def test_segment_checkpoint_rejects_an_unknown_mode() -> None:
     segment = _SegmentHolder().segment
     try:
@@ -447,11 +442,6 @@ def test_a_convolution_output_changed_in_place_is_refused_in_pointwise_mode_only
     uncheckpoint(block)
 
 
-@pytest.mark.xfail(
-    reason="Segment.__repr__ (recompute/segments.py:76) names type(own_class(chain)), the metaclass: "
-    "'Segment(type[0:3])' where 'Segment(Sequential[0:3])' is meant; the default name in error messages",
-    strict=True,
-)
 def test_a_segments_default_name_names_its_chains_class() -> None:
     chain = nn.Sequential(nn.Conv2d(1, 1, 3), nn.MaxPool2d(2), nn.Conv2d(1, 1, 3))
     assert repr(Segment(chain, 0, 2)) == "Segment(Sequential[0:2])"
