@@ -27,6 +27,7 @@ import lightning_bandlimit.callbacks  # noqa: F401
 import lightning_bandlimit.data  # noqa: F401
 import lightning_bandlimit.models  # noqa: F401
 import lightning_bandlimit.strategies  # noqa: F401  (registers "elastic_ddp")
+from lightning_bandlimit.health.exit import close_at_exit
 from lightning_bandlimit.utils.command_line import (
     CommandLineError,
     debugging,
@@ -134,6 +135,7 @@ def main(args: list[str] | None = None) -> None:
         for name, description in found.items():
             print(f"{name:<{width}}  {description}")
         return
+    close_at_exit()  # whatever strategy the config names: a group left to the exit can abort it
     try:
         # args=None lets LightningCLI read sys.argv itself (no warning about both being given).
         BandLimitCLI(args=None if args is None else argv, usage_errors=True)

@@ -54,6 +54,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_bandlimit.callbacks.checkpoint_io import DurableCheckpointIO
+from lightning_bandlimit.health.exit import close_at_exit
 from lightning_bandlimit.strategies._lightning import (
     LauncherHook,
     check_lightning_shapes,
@@ -214,6 +215,7 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
         elastic = isinstance(self.cluster_environment, TorchElasticEnvironment)
         with JoinDeadline(self.join_timeout if elastic else None, "the process group"):
             super().setup_environment()
+        close_at_exit()
         if self.root_device.type == "cpu" and self.cpu_threads != 0:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", self.num_processes))
             threads = self.cpu_threads or max(1, len(os.sched_getaffinity(0)) // max(1, local))
