@@ -1,37 +1,33 @@
 """``ElasticDDPStrategy``: DDP for a job whose number of processes changes between restarts.
 
 A job launched by ``torchrun --nnodes=MIN:MAX`` (or relaunched with other ``devices``) restarts
-every worker on a membership change and resumes from its latest checkpoint. On such a resume
-this strategy (a thin Lightning wrapper over the modules named) continues as if planned for the
-new size:
+every worker on a membership change and resumes from its latest checkpoint; this strategy (a
+thin Lightning wrapper over the modules named) continues as if planned for the new size:
 
-* **Checkpoint** (``elastic_resume``): the configuration the run was planned with (world size,
-  per-device batch, accumulation, LR, momentum / betas / eps), the one applied, the samples
-  seen and the data position; a checkpoint this run cannot continue is refused before any write.
+* **Checkpoint** (``elastic_resume``): the planned configuration (world size, per-device batch,
+  accumulation, LR, momentum / betas / eps), the one applied, the samples seen and the data
+  position; a checkpoint this run cannot continue is refused before any write.
 * **Rule** (``elastic_resize``): on a start with another world size (or accumulation), a
   :class:`~lightning_bandlimit.strategies.ScalingRule` maps the reference to the new size,
-  applied *after* Lightning restored the optimizer and schedulers, multiplicatively (schedules
-  continue on the rescaled curve; resizes never compound). ``KeepGlobalBatch`` sets
-  ``trainer.accumulate_grad_batches``. The event is logged (``ElasticDDPStrategy/*``).
+  applied multiplicatively after Lightning restored optimizer and schedulers (resizes never
+  compound); the event is logged (``ElasticDDPStrategy/*``). The strategy asks the rule, never
+  tests its type: ``rule.micro_batch_plan`` (``ExactGlobalBatch`` chooses micro-batch and
+  accumulation), ``rule.gain_tracker`` (``AdaScale``'s LR gain, from a DDP communication hook).
 * **Data** (``elastic_data``): the training sampler becomes an
   :class:`~lightning_bandlimit.strategies.ElasticSampler`: the rest of the epoch is
-  re-partitioned over the new ranks, each sample exactly once.
-* **Schedule**: each :class:`~lightning_bandlimit.strategies.SampleSchedule` advances by the
-  samples of every optimizer step (or by the progress the rule's gain tracker reports, as
-  AdaScale's does: ``adascale``), not by steps.
-* **What a rule needs**: the strategy asks the rule, never tests its type:
-  ``rule.micro_batch_plan`` (``ExactGlobalBatch`` chooses the micro-batch and accumulation) and
-  ``rule.gain_tracker`` (``AdaScale`` measures an LR gain through a DDP communication hook).
+  re-partitioned over the new ranks, each sample exactly once. Each
+  :class:`~lightning_bandlimit.strategies.SampleSchedule` advances by samples, not steps.
 * **Stability guard** (``elastic_rollback``): after a resize a
   :class:`~lightning_bandlimit.strategies.StabilityGuard` watches the loss; on divergence model,
   optimizer and schedulers roll back to the resize and the rule is retried with a damped factor.
-* **CPU threads**: each process uses ``cores // local processes`` intra-op threads.
-
-* **Faults** (``preemption``): while training, SIGTERM only sets a flag; at each optimizer-step
-  boundary the ranks agree on it (one ``reduce``) and all stop at that step with exit status 143
-  (a failure to torchrun, so it restarts the group). Checkpoints are written by
-  :class:`~lightning_bandlimit.callbacks.checkpoint_io.DurableCheckpointIO` unless another
-  ``checkpoint_io`` is given, and at training start every rank must have resumed the same step.
+* **Faults** (``preemption``): SIGTERM only sets a flag; at each optimizer-step boundary the ranks
+  agree on it (one ``reduce``) and all stop there with status 143 (torchrun restarts the group).
+  :class:`~lightning_bandlimit.callbacks.checkpoint_io.DurableCheckpointIO` writes checkpoints
+  unless another ``checkpoint_io`` is given; every rank must have resumed the same step.
+* **Peers** (``peer_health``): a peer silent for ``hang_timeout`` ends every rank with status 75
+  (torchrun restarts the group); a straggler is reported once (``drop_stragglers``: it leaves).
+  The process group is closed at exit on every rank (``health.exit``). CPU: each process uses
+  ``cores // local processes`` intra-op threads.
 
 Checkpointing often enough, and on torchrun's SIGTERM, is the job of
 :class:`~lightning_bandlimit.callbacks.ElasticCheckpoint`; ``trainer.fit(..., ckpt_path="last")``
@@ -67,6 +63,7 @@ from lightning_bandlimit.strategies.elastic_data import (
     loader_batch_size,
     restore_position,
 )
+from lightning_bandlimit.strategies.elastic_guarded import GuardedResize, log_metrics
 from lightning_bandlimit.strategies.elastic_resize import (
     Rewarm,
     Snapshot,
@@ -87,6 +84,7 @@ from lightning_bandlimit.strategies.elastic_rollback import RollbackWatch
 from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
 from lightning_bandlimit.strategies.join_deadline import JoinDeadline
 from lightning_bandlimit.strategies.optimizer_config import read_optimizer
+from lightning_bandlimit.strategies.peer_health import PeerHealth
 from lightning_bandlimit.strategies.preemption import Preemption
 from lightning_bandlimit.strategies.rules import (
     GainTracker,
@@ -102,7 +100,7 @@ from lightning_bandlimit.utils.validation import check_int, check_real
 __all__ = ["ElasticDDPStrategy", "register_elastic_strategies"]
 
 
-class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
+class ElasticDDPStrategy(CheckedResume, LauncherHook, GuardedResize, PeerHealth, DDPStrategy):
     """DDP that rescales hyperparameters by rule, keeps data position and schedule across resizes.
 
     Args:
@@ -122,6 +120,12 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
             under torchrun; past it the process exits with status 75 so that torchrun restarts the
             group (a node lost during the rendezvous would otherwise hold the others for the whole
             process-group ``timeout``, 30 minutes by default). ``None``: no bound.
+        hang_timeout: seconds a peer may stop beating before the ranks name it and exit with
+            status 75 (torchrun restarts the group); ``None``: the collective's own timeout.
+        slow_factor, slow_steps: a rank whose forward takes over ``slow_factor`` times the
+            others' median for ``slow_steps`` steps is reported once; ``None``: not watched.
+        drop_stragglers: a reported straggler leaves (status 75; under torchrun its node's
+            agent too, so the group re-forms smaller: one process per node).
         **kwargs: passed to ``DDPStrategy``; ``checkpoint_io`` defaults to
             :class:`~lightning_bandlimit.callbacks.checkpoint_io.DurableCheckpointIO`.
 
@@ -150,6 +154,10 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
         cpu_threads: int | None = None,
         seed: int | None = None,
         join_timeout: float | None = 180.0,
+        hang_timeout: float | None = 60.0,
+        slow_factor: float | None = 2.0,
+        slow_steps: int = 20,
+        drop_stragglers: bool = False,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("checkpoint_io", DurableCheckpointIO())
@@ -167,6 +175,7 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
                 f"ElasticDDPStrategy: {rule!r} chooses the per-device micro-batch for each world size, so "
                 f"per_device_batch must be None, got {per_device_batch}"
             )
+        self._init_health(hang_timeout, slow_factor, slow_steps, drop_stragglers)
         self.rule = rule
         self.per_device_batch = per_device_batch
         self.guard: StabilityGuard | None = StabilityGuard() if guard is True else (guard or None)
@@ -207,6 +216,7 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
 
     @override
     def teardown(self) -> None:
+        self._stop_health()
         self._preemption.uninstall()
         super().teardown()
 
@@ -216,6 +226,7 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
         with JoinDeadline(self.join_timeout if elastic else None, "the process group"):
             super().setup_environment()
         close_at_exit()
+        self._start_health()
         if self.root_device.type == "cpu" and self.cpu_threads != 0:
             local = int(os.environ.get("LOCAL_WORLD_SIZE", self.num_processes))
             threads = self.cpu_threads or max(1, len(os.sched_getaffinity(0)) // max(1, local))
@@ -226,6 +237,7 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
     def configure_ddp(self) -> None:
         super().configure_ddp()
         self._gain.attach(self.model, self.world_size, self._has_comm_hook)
+        self._attach_forward_timer()
 
     # ------------------------------------------------------------------ data
 
@@ -353,35 +365,8 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
         trainer.accumulate_grad_batches = target.accumulation
         self._rewarm = Rewarm.after(target, target.lr / self.applied.lr, self.samples_seen)
         previous_world, self.applied = self.applied.world_size, target
-        _log_metrics(trainer, resize_metrics(previous_world, target, damping))
+        log_metrics(trainer, resize_metrics(previous_world, target, damping))
         rank_zero_info(resize_message(previous_world, target, self.rule, damping))
-
-    # ------------------------------------------------------------------ stability guard
-
-    @property
-    def rollbacks(self) -> list[dict[str, Any]]:
-        """One record per rollback (``step``, ``retry``, ``damping``, ``samples_seen``)."""
-        return [] if self._watch is None else self._watch.rollbacks
-
-    def _observe_loss(self, trainer: pl.Trainer) -> None:
-        """Roll back if the guard judged the last optimizer step diverged (all ranks agree)."""
-        agree = lambda mine: self.reduce_boolean_decision(mine, all=False)  # noqa: E731
-        if self._watch is None or not self._watch.diverged(agree):
-            return
-        schedulers = self._schedulers(trainer)
-        snapshot, retry, damping = self._watch.roll_back(
-            self.lightning_module, trainer.optimizers, schedulers, self.samples_seen, trainer.global_step
-        )
-        self.applied = snapshot.applied
-        trainer.accumulate_grad_batches = snapshot.accumulation
-        rank_zero_warn(
-            f"ElasticDDPStrategy: the loss diverged after the resize {self.resized_from} -> "
-            f"{self.world_size}; rolled back to the state at the resize and retrying with damping {damping:g}"
-            + (" (no rescaling)" if damping == 0 else "")
-        )
-        _log_metrics(trainer, {"ElasticDDPStrategy/rollback": float(retry)})
-        self._apply_rule(trainer, damping=damping)
-        self._watch.watch()
 
     # ------------------------------------------------------------------ per step
 
@@ -396,11 +381,14 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
     @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         super().on_train_batch_start(batch, batch_idx)
+        trainer = self.lightning_module.trainer
+        self._health_step(trainer.global_step)
+        if self._step_samples == 0:  # an optimizer-step boundary: the ranks' forward times meet here
+            self._health_step_end(trainer.global_step)
         if self.reference is None:
             return
-        if self._step_samples == 0:  # an optimizer-step boundary: a SIGTERM stops every rank here
+        if self._step_samples == 0:  # a SIGTERM stops every rank here
             self._preemption.check()
-        trainer = self.lightning_module.trainer
         self._observe_loss(trainer)
         if self.sampler is not None:
             before = self.sampler.consumed
@@ -410,6 +398,11 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
             samples = self.world_size * self._batch_size()
         self.samples_seen += samples
         self._step_samples += samples
+
+    @override
+    def backward(self, closure_loss: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self._health_forward_end()
+        return super().backward(closure_loss, *args, **kwargs)
 
     @override
     def optimizer_step(
@@ -445,7 +438,7 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
                 scheduler.advance(progress)
         metrics = self._gain.metrics() if trainer.global_step % max(1, trainer.log_every_n_steps) == 0 else {}
         if metrics:
-            _log_metrics(trainer, metrics)
+            log_metrics(trainer, metrics)
         return output
 
     def _rewarm_factor(self) -> float:
@@ -472,11 +465,6 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, DDPStrategy):
     def gradient_noise(self) -> dict[str, float]:
         """The running gradient statistics ``{"trace", "mu2"}`` (AdaScale's; else those resumed)."""
         return self._gain.noise
-
-
-def _log_metrics(trainer: pl.Trainer, metrics: dict[str, float]) -> None:
-    for logger in trainer.loggers:
-        logger.log_metrics(metrics, step=trainer.global_step)
 
 
 def register_elastic_strategies() -> None:
