@@ -1,9 +1,15 @@
 """The training job of the chaos soak (``chaos.py``), started by torchrun on every (re)start.
 
 argv[1]: JSON with keys out, steps, global_batch, micro_batch, dataset, every, step_sleep,
-ballast_mb. Float64, ``ExactGlobalBatch`` with one micro-batch size, a seeded dataset, no
-dropout or augmentation: every random source is the sampler's seeded permutation, so what each
-optimizer step trains on is a function of the step alone.
+ballast_mb, join_timeout, hang_timeout, slow_factor, slow_steps (the last four go to
+``ElasticDDPStrategy``). Float64, ``ExactGlobalBatch`` with one micro-batch size, a seeded
+dataset, no dropout or augmentation: every random source is the sampler's seeded permutation, so
+what each optimizer step trains on is a function of the step alone.
+
+The model is tiny; ``step_sleep`` stands for each micro-batch's compute and is slept in the
+forward (``training_step``), where the strategy's straggler detector times a rank: a worker the
+driver slows down (``worker-slow``: stopped and continued again and again) is slow where a slow
+device would be.
 
 What it leaves for the judge, all under ``out``:
 
@@ -51,13 +57,15 @@ class Indexed(Dataset):
 
 
 class Model(pl.LightningModule):
-    def __init__(self, total_samples: int) -> None:
+    def __init__(self, total_samples: int, step_sleep: float) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 2))
         self.total_samples = total_samples
+        self.step_sleep = step_sleep
 
     def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
         x, y, _ = batch
+        time.sleep(self.step_sleep)  # the compute of a real model's forward (see the module docstring)
         return nn.functional.cross_entropy(self.net(x), y)
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
@@ -69,9 +77,8 @@ class Model(pl.LightningModule):
 class Recorder(pl.Callback):
     """Writes what each generation resumed from and trained on (see the module docstring)."""
 
-    def __init__(self, out: Path, step_sleep: float, ballast_mb: float) -> None:
+    def __init__(self, out: Path, ballast_mb: float) -> None:
         self.out = out
-        self.step_sleep = step_sleep
         # weight in the checkpoint, so that writing it takes long enough to be interrupted
         self.ballast = torch.zeros(int(ballast_mb * 2**20) // 8, dtype=torch.float64)
         self.generation = ""
@@ -140,12 +147,12 @@ class Recorder(pl.Callback):
             self.out / f"progress-rank{trainer.global_rank}.json",
             {
                 "step": trainer.global_step,
+                "rank": trainer.global_rank,
                 "pid": os.getpid(),
                 "generation": self.generation,
                 "t": time.time(),
             },
         )
-        time.sleep(self.step_sleep)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self._file is not None:
@@ -160,7 +167,15 @@ def main() -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=1,
-        strategy=ElasticDDPStrategy(rule=rule, guard=False, cpu_threads=1, join_timeout=cfg["join_timeout"]),
+        strategy=ElasticDDPStrategy(
+            rule=rule,
+            guard=False,
+            cpu_threads=1,
+            join_timeout=cfg["join_timeout"],
+            hang_timeout=cfg.get("hang_timeout", 60.0),
+            slow_factor=cfg.get("slow_factor", 2.0),
+            slow_steps=cfg.get("slow_steps", 20),
+        ),
         precision="64-true",
         max_steps=cfg["steps"],
         logger=False,
@@ -168,11 +183,11 @@ def main() -> None:
         enable_model_summary=False,
         callbacks=[
             ElasticCheckpoint(dirpath=out / "ckpt", every_n_train_steps=cfg["every"]),
-            Recorder(out, cfg["step_sleep"], cfg["ballast_mb"]),
+            Recorder(out, cfg["ballast_mb"]),
         ],
     )
     with trainer.init_module():  # float64 from the start: a float32 model would round the checkpoint
-        model = Model(total_samples=cfg["steps"] * cfg["global_batch"])
+        model = Model(total_samples=cfg["steps"] * cfg["global_batch"], step_sleep=cfg["step_sleep"])
     loader = DataLoader(Indexed(cfg["dataset"]), batch_size=cfg["micro_batch"], shuffle=True)
     trainer.fit(model, loader, ckpt_path="last")
     if trainer.global_rank == 0:
