@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 import warnings
 from datetime import timedelta
 from typing import Any
@@ -82,6 +83,9 @@ class PeerHealth:
     def _start_health(self) -> None:
         if self.hang_timeout is None or self.world_size < 2 or self._watchdog is not None:
             return
+        # One key space per process group, the same on every rank (each torchrun agent counts its
+        # own restarts, so TORCHELASTIC_RESTART_COUNT differs between nodes after a failure).
+        run = self.broadcast(uuid.uuid4().hex if self.global_rank == 0 else None)  # type: ignore[attr-defined]
         try:
             env = self.cluster_environment
             client = dist.TCPStore(
@@ -91,8 +95,7 @@ class PeerHealth:
                 timeout=timedelta(seconds=self.hang_timeout),
                 wait_for_workers=False,
             )
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-            store = dist.PrefixStore(f"{_PREFIX}/{attempt}", client)
+            store = dist.PrefixStore(f"{_PREFIX}/{run}", client)
             self._watchdog = PeerWatchdog(store, self.global_rank, self.world_size, self.hang_timeout)
             self._watchdog.start()
         except Exception as error:  # no watchdog is better than no job

@@ -27,7 +27,7 @@ class Tiny(pl.LightningModule):
         self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2)).double()
 
     def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
-        time.sleep(0.05)
+        time.sleep(0.2)  # a few steps per heartbeat (0.5 s): the step a hang names lags by at most 3
         x, y = batch
         return nn.functional.cross_entropy(self.net(x), y)
 
