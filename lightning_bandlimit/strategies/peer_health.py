@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -32,7 +33,8 @@ import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
 
 from lightning_bandlimit.health.exit import before_close
-from lightning_bandlimit.health.heartbeat import HUNG_EXIT_CODE, PeerWatchdog
+from lightning_bandlimit.health.heartbeat import HUNG_EXIT_CODE, Hang, PeerWatchdog, exit_hung
+from lightning_bandlimit.health.reap import identity, kill_if_local
 from lightning_bandlimit.health.stragglers import Straggler, StragglerDetector
 from lightning_bandlimit.utils.validation import check_int, check_real
 
@@ -75,6 +77,7 @@ class PeerHealth:
         self.drop_stragglers = drop_stragglers
         self.stragglers: list[Straggler] = []
         self._watchdog: PeerWatchdog | None = None
+        self._store: Any = None
         self._detector = StragglerDetector(slow_factor, slow_steps) if slow_factor is not None else None
         self._forward_started: float | None = None
         self._forward_seconds = 0.0
@@ -96,7 +99,11 @@ class PeerHealth:
                 wait_for_workers=False,
             )
             store = dist.PrefixStore(f"{_PREFIX}/{run}", client)
-            self._watchdog = PeerWatchdog(store, self.global_rank, self.world_size, self.hang_timeout)
+            store.set(f"where/{self.global_rank}", identity())
+            self._store = store
+            self._watchdog = PeerWatchdog(
+                store, self.global_rank, self.world_size, self.hang_timeout, on_hang=self._on_hang
+            )
             self._watchdog.start()
         except Exception as error:  # no watchdog is better than no job
             warnings.warn(
@@ -106,6 +113,19 @@ class PeerHealth:
             self._watchdog = None
             return
         before_close(self._watchdog.stop)
+
+    def _on_hang(self, hang: Hang) -> None:
+        """End a hung peer on this machine first (its agent would wait 30 s for it), then exit."""
+        if hang.rank is not None and self._store is not None:
+            found: list[bytes] = []
+            reader = threading.Thread(
+                target=lambda: found.append(self._store.get(f"where/{hang.rank}")), daemon=True
+            )
+            reader.start()
+            reader.join(2.0)  # a store that does not answer is not waited for
+            if found and kill_if_local(found[0].decode(errors="replace")):
+                sys.stderr.write(f"[rank {self.global_rank}] PeerWatchdog: SIGKILLed rank {hang.rank}\n")
+        exit_hung(hang)
 
     def _health_step(self, step: int) -> None:
         if self._watchdog is not None:
