@@ -248,7 +248,10 @@ WATCHDOG_MARK = "PeerWatchdog:"
 STRAGGLER_MARK = "is a straggler"
 ABORT_MARK = "terminate called without an active exception"
 
-_HUNG = re.compile(r"rank (\d+) has not advanced past step (-?\d+) for ([0-9.]+) s")
+_HUNG = re.compile(
+    r"rank (\d+) has (?:not advanced past step (-?\d+)|sent no heartbeat|stopped beating before its "
+    r"first step) for ([0-9.]+) s"
+)
 _NUMBER = r"([0-9][0-9.e+-]*|inf|nan)"
 _STRAGGLER = re.compile(
     rf"rank (\d+) is a straggler: {_NUMBER} s a step against a median of {_NUMBER} s \({_NUMBER}x\)"
@@ -262,13 +265,16 @@ def parse_watchdog(line: str) -> dict[str, Any] | None:
     Example:
         >>> parse_watchdog("[rank 0] PeerWatchdog: rank 1 has not advanced past step 41 for 10.2 s; exiting")
         {'rank': 1, 'step': 41, 'silent_s': 10.2}
+        >>> parse_watchdog("[rank 1] PeerWatchdog: rank 0 has sent no heartbeat for 5.5 s (hang_timeout=5 s)")
+        {'rank': 0, 'step': None, 'silent_s': 5.5}
     """
     if WATCHDOG_MARK not in line:
         return None
     found = _HUNG.search(line)
     if found is None:
         return {"rank": None, "step": None, "silent_s": None}
-    return {"rank": int(found[1]), "step": int(found[2]), "silent_s": float(found[3])}
+    step = None if found[2] is None else int(found[2])
+    return {"rank": int(found[1]), "step": step, "silent_s": float(found[3])}
 
 
 def parse_straggler(line: str) -> dict[str, Any] | None:

@@ -124,7 +124,8 @@ class PeerHealth:
             reader.start()
             reader.join(2.0)  # a store that does not answer is not waited for
             if found and kill_if_local(found[0].decode(errors="replace")):
-                sys.stderr.write(f"[rank {self.global_rank}] PeerWatchdog: SIGKILLed rank {hang.rank}\n")
+                me = self.global_rank
+                sys.stderr.write(f"[rank {me}] ElasticDDPStrategy: SIGKILLed hung rank {hang.rank}\n")
         exit_hung(hang)
 
     def _health_step(self, step: int) -> None:

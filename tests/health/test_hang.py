@@ -56,7 +56,8 @@ def test_a_stopped_rank_is_named_the_group_restarts_and_ends_with_the_uninterrup
     assert found, output[-4000:]
     # its last heartbeat (every 0.5 s) carries the step of a batch it began a little before it stopped
     assert STOP_STEP - 3 <= int(found.group(1)) <= STOP_STEP and float(found.group(2)) <= HANG_TIMEOUT + 15
-    assert "[rank 0] PeerWatchdog: SIGKILLed rank 1" in output  # here: not left to the agent's 30 s
+    # on this machine: not left to the agent's 30 s grace
+    assert "[rank 0] ElasticDDPStrategy: SIGKILLed hung rank 1" in output
     assert "exitcode  : 75" in output or "exitcode: 75" in output.replace("  ", " "), output[-4000:]
     for mine, theirs in zip(_weights(tmp_path / "stopped"), _weights(tmp_path / "reference")):
         assert mine.keys() == theirs.keys()
