@@ -94,7 +94,7 @@ def test_twenty_two_process_command_line_runs_in_a_row_exit_zero(tmp_path: Path)
             *("--trainer.callbacks.every_n_train_steps", "2", "--data.train_size", "128"),
             *("--data.val_size", "32"),
             cwd=tmp_path,
-            expect_ok=False,
+            expect_ok=None,  # checked below, with the run's number
         )
         output = proc.stdout + proc.stderr
         assert proc.returncode == 0 and "terminate called" not in output, (attempt, output[-3000:])
