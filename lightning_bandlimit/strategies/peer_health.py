@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 import uuid
 import warnings
@@ -77,7 +76,7 @@ class PeerHealth:
         self.drop_stragglers = drop_stragglers
         self.stragglers: list[Straggler] = []
         self._watchdog: PeerWatchdog | None = None
-        self._store: Any = None
+        self._where: list[str] = []
         self._detector = StragglerDetector(slow_factor, slow_steps) if slow_factor is not None else None
         self._forward_started: float | None = None
         self._forward_seconds = 0.0
@@ -89,6 +88,8 @@ class PeerHealth:
         # One key space per process group, the same on every rank (each torchrun agent counts its
         # own restarts, so TORCHELASTIC_RESTART_COUNT differs between nodes after a failure).
         run = self.broadcast(uuid.uuid4().hex if self.global_rank == 0 else None)  # type: ignore[attr-defined]
+        self._where = [""] * self.world_size  # each rank's process, to end a hung one on this machine
+        dist.all_gather_object(self._where, identity())
         try:
             env = self.cluster_environment
             client = dist.TCPStore(
@@ -99,8 +100,6 @@ class PeerHealth:
                 wait_for_workers=False,
             )
             store = dist.PrefixStore(f"{_PREFIX}/{run}", client)
-            store.set(f"where/{self.global_rank}", identity())
-            self._store = store
             self._watchdog = PeerWatchdog(
                 store, self.global_rank, self.world_size, self.hang_timeout, on_hang=self._on_hang
             )
@@ -116,16 +115,11 @@ class PeerHealth:
 
     def _on_hang(self, hang: Hang) -> None:
         """End a hung peer on this machine first (its agent would wait 30 s for it), then exit."""
-        if hang.rank is not None and self._store is not None:
-            found: list[bytes] = []
-            reader = threading.Thread(
-                target=lambda: found.append(self._store.get(f"where/{hang.rank}")), daemon=True
-            )
-            reader.start()
-            reader.join(2.0)  # a store that does not answer is not waited for
-            if found and kill_if_local(found[0].decode(errors="replace")):
-                me = self.global_rank
-                sys.stderr.write(f"[rank {me}] ElasticDDPStrategy: SIGKILLed hung rank {hang.rank}\n")
+        hung = hang.rank
+        if hung is None and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            hung = 0  # the silent store is rank 0's (Lightning's launcher, or torchrun not sharing its own)
+        if hung is not None and hung != self.global_rank and kill_if_local(self._where[hung]):
+            sys.stderr.write(f"[rank {self.global_rank}] ElasticDDPStrategy: SIGKILLed hung rank {hung}\n")
         exit_hung(hang)
 
     def _health_step(self, step: int) -> None:
