@@ -124,8 +124,9 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, GuardedResize, PeerHealth,
             status 75 (torchrun restarts the group); ``None``: the collective's own timeout.
         slow_factor, slow_steps: a rank whose forward takes over ``slow_factor`` times the
             others' median for ``slow_steps`` steps is reported once; ``None``: not watched.
-        drop_stragglers: a reported straggler leaves (status 75; under torchrun its node's
-            agent too, so the group re-forms smaller: one process per node).
+        drop_stragglers: a reported straggler leaves: every rank stops at that step as on a
+            SIGTERM (a checkpoint there, status 143) and the straggler ends its torchrun agent,
+            so the group re-forms smaller (one process per node).
         **kwargs: passed to ``DDPStrategy``; ``checkpoint_io`` defaults to
             :class:`~lightning_bandlimit.callbacks.checkpoint_io.DurableCheckpointIO`.
 

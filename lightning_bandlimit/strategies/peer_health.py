@@ -11,9 +11,11 @@
   buffer broadcast (the one stretch of a step no rank waits for another in) and the ranks gather
   these once per optimizer step; a :class:`~lightning_bandlimit.health.stragglers.StragglerDetector`
   on every rank (the same figures, so the same verdict) flags a rank slower than the others for
-  ``slow_steps`` steps, reported once. With ``drop_stragglers`` the straggler then leaves: it
-  exits with status 75 and, under torchrun, ends its node's agent, so the others continue at the
-  smaller world size by the existing resize rules.
+  ``slow_steps`` steps, reported once. With ``drop_stragglers`` the straggler then leaves: every
+  rank reached the same verdict at the same step boundary, so all stop there as on a pre-emption
+  (an ``ElasticCheckpoint`` saves that step, status 143: nothing is redone) and the straggler,
+  under torchrun, also ends its node's agent; the other agents restart their workers, which
+  re-form without it and go on at the smaller world size by the existing resize rules.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_bandlimit.health.exit import before_close
-from lightning_bandlimit.health.heartbeat import HUNG_EXIT_CODE, Hang, PeerWatchdog, exit_hung
+from lightning_bandlimit.health.heartbeat import Hang, PeerWatchdog, exit_hung
 from lightning_bandlimit.health.reap import identity, kill_if_local
 from lightning_bandlimit.health.stragglers import Straggler, StragglerDetector
+from lightning_bandlimit.strategies.preemption import EXIT_STATUS
 from lightning_bandlimit.utils.validation import check_int, check_real
 
 __all__ = ["PeerHealth"]
@@ -158,18 +162,25 @@ class PeerHealth:
         for straggler in self._detector.observe(step, seconds):
             self.stragglers.append(straggler)
             rank_zero_info(f"ElasticDDPStrategy: {straggler.message()}")
-            if self.drop_stragglers and straggler.rank == self.global_rank:
-                self._leave(straggler)
+            if self.drop_stragglers:
+                self._drop(straggler)
 
-    def _leave(self, straggler: Straggler) -> None:
-        sys.stderr.write(
-            f"[rank {self.global_rank}] ElasticDDPStrategy: leaving the group as a straggler "
-            f"(drop_stragglers=True): {straggler.message()}\n"
-        )
-        sys.stderr.flush()
-        if "TORCHELASTIC_RUN_ID" in os.environ:  # end this node's agent: the group re-forms without it
-            os.kill(os.getppid(), signal.SIGTERM)
-        os._exit(HUNG_EXIT_CODE)
+    def _drop(self, straggler: Straggler) -> None:
+        """Stop every rank at this step as a pre-emption does; the straggler ends its agent too."""
+        if straggler.rank == self.global_rank:
+            sys.stderr.write(
+                f"[rank {self.global_rank}] ElasticDDPStrategy: leaving the group at step {straggler.step} "
+                f"as a straggler (drop_stragglers=True): {straggler.message()}\n"
+            )
+            sys.stderr.flush()
+            if "TORCHELASTIC_RUN_ID" in os.environ:  # its agent ends: the group re-forms without it
+                os.kill(os.getppid(), signal.SIGTERM)
+        else:
+            sys.stderr.write(
+                f"[rank {self.global_rank}] ElasticDDPStrategy: stopping at step {straggler.step} so the "
+                f"group re-forms without straggler rank {straggler.rank} (drop_stragglers=True)\n"
+            )
+        raise SIGTERMException(EXIT_STATUS)
 
     def _stop_health(self) -> None:
         if self._watchdog is not None:

@@ -2,9 +2,15 @@
 last checkpoint; on the first launch one rank stops itself (SIGSTOP) after a given step.
 
 argv: out_dir max_steps hang_timeout stop_rank stop_step (stop_rank -1: no stop). Each rank
-writes <out>/final-rank<r>.pt (its weights) when training ends, <out>/stopped.json when it stops.
+writes <out>/final-rank<r>.pt (its weights) when training ends, <out>/stopped.json when it stops,
+and appends a line to <out>/starts.jsonl at each start (world size, step, learning rate).
+
+The straggler test sets, per torchrun agent: ``HANG_WORKER_EXTRA_SLEEP`` (seconds more in each
+training step of this agent's worker), ``HANG_WORKER_DROP=1`` (``drop_stragglers=True``) and
+``HANG_WORKER_SLOW_STEPS`` (``slow_steps``).
 """
 
+import json
 import os
 import signal
 import sys
@@ -27,7 +33,8 @@ class Tiny(pl.LightningModule):
         self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2)).double()
 
     def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
-        time.sleep(0.2)  # a few steps per heartbeat (0.5 s): the step a hang names lags by at most 3
+        # a few steps per heartbeat (0.5 s): the step a hang names lags by at most 3
+        time.sleep(0.2 + float(os.environ.get("HANG_WORKER_EXTRA_SLEEP", "0")))
         x, y = batch
         return nn.functional.cross_entropy(self.net(x), y)
 
@@ -48,6 +55,28 @@ class StopAt(pl.Callback):
             os.kill(os.getpid(), signal.SIGSTOP)
 
 
+class Starts(pl.Callback):
+    """Each (re)start of training: this rank's world size, step and learning rate, one JSON line."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: object) -> None:
+        if getattr(self, "written", False):
+            return
+        self.written = True
+        record = {
+            "rank": trainer.global_rank,
+            "world_size": trainer.world_size,
+            "step": trainer.global_step,
+            "lr": trainer.optimizers[0].param_groups[0]["lr"],
+            "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "pid": os.getpid(),
+        }
+        with open(self.out / "starts.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
 if __name__ == "__main__":
     out, max_steps, hang_timeout = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
     stop_rank, stop_step = int(sys.argv[4]), int(sys.argv[5])
@@ -56,14 +85,21 @@ if __name__ == "__main__":
     data = TensorDataset(
         torch.randn(512, 8, generator=g, dtype=torch.float64), torch.randint(0, 2, (512,), generator=g)
     )
-    callbacks: list[pl.Callback] = [ElasticCheckpoint(dirpath=out / "ckpt", every_n_train_steps=2)]
+    callbacks: list[pl.Callback] = [
+        ElasticCheckpoint(dirpath=out / "ckpt", every_n_train_steps=2),
+        Starts(out),
+    ]
     if stop_rank >= 0:
         callbacks.append(StopAt(out, stop_rank, stop_step))
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         strategy=ElasticDDPStrategy(
-            rule=LinearScaling(warmup_steps=0), hang_timeout=hang_timeout, cpu_threads=1
+            rule=LinearScaling(warmup_steps=0),
+            hang_timeout=hang_timeout,
+            cpu_threads=1,
+            slow_steps=int(os.environ.get("HANG_WORKER_SLOW_STEPS", "20")),
+            drop_stragglers=os.environ.get("HANG_WORKER_DROP") == "1",
         ),
         max_steps=max_steps,
         logger=False,
