@@ -464,8 +464,14 @@ def fault_problems(fault: dict[str, Any], hang_timeout: float, slack: float = 15
     * ``worker-pause`` (shorter than ``hang_timeout``): no watchdog line, no restart.
     * ``worker-slow``: a straggler report naming the slowed rank; no watchdog line, no restart.
     * any of them not injected (no pair of ranks training to stop one of).
+    * ``exit-abort`` (aborted at its exit): a restart (its own, or one it shared with the next
+      fault); the steps redone are judged with every restart's.
     """
     kind = fault["kind"]
+    if kind == "exit-abort" and "missed" not in fault:
+        if fault.get("restarted") or fault.get("overlapped"):
+            return []
+        return [f"exit-abort at step {fault['step']}: the group did not restart after the abort"]
     if kind not in HANG_KINDS:
         return []
     where = f"{kind} at step {fault['step']}"

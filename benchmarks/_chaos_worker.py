@@ -19,6 +19,10 @@ What it leaves for the judge, all under ``out``:
 * ``progress-rank<r>.json``: the latest step and the worker's pid (the driver picks its targets).
 * ``final.pt`` and ``done.json`` (rank 0) when the run finishes.
 
+``exit-abort``: a file ``abort-at-exit-<pid>`` the driver writes makes that worker end as a C++
+abort at interpreter exit does (SIGABRT, after every exit handler, the strategy's included), once:
+the file is removed as it fires.
+
 A generation is one start of the whole group (rank 0's launch id, broadcast). Each checkpoint
 carries the generation that wrote it, so the judge can follow the chain of checkpoints back from
 the finished generation: that chain is the surviving history.
@@ -26,6 +30,7 @@ the finished generation: that chain is the surviving history.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import sys
@@ -159,9 +164,21 @@ class Recorder(pl.Callback):
             self._file.close()
 
 
+def _abort_if_armed(out: Path) -> None:
+    """The driver's ``exit-abort``: abort this process at its exit, once (the file is the flag)."""
+    try:
+        (out / f"abort-at-exit-{os.getpid()}").unlink()
+    except FileNotFoundError:
+        return
+    sys.stderr.write(f"chaos worker {os.getpid()}: aborting at exit (exit-abort)\n")
+    sys.stderr.flush()
+    os.abort()
+
+
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     out = Path(cfg["out"])
+    atexit.register(_abort_if_armed, out)  # first registered, so it runs after every other handler
     pl.seed_everything(0, verbose=False)
     rule = ExactGlobalBatch(cfg["global_batch"], micro_batches=[cfg["micro_batch"]])
     trainer = pl.Trainer(

@@ -19,6 +19,10 @@ land in a restart or rendezvous):
 * ``write-kill``: SIGKILL of the worker that writes the checkpoint, while it writes it;
 * ``torn``: the newest checkpoint cut to half its size (a full disk or a power cut after an
   unsynced write), then a worker SIGKILLed so the next start must read it;
+* ``exit-abort``: one worker is sent SIGTERM (every rank then stops at one step, the checkpoint
+  written there, as after a pre-emption notice) and aborts as it exits (SIGABRT after its exit
+  handlers, what ``terminate called without an active exception`` does to a process): the
+  restart must resume from that step as if it had exited cleanly;
 * ``rejoin``: a new agent joins after an agent was lost (every loss is followed by one).
 
 and faults that stop a worker (SIGSTOP) instead, against the strategy's peer health
@@ -103,7 +107,7 @@ from _chaos_judge import (  # noqa: E402
 from lightning_bandlimit.callbacks.checkpoint_io import temporary_writer  # noqa: E402
 
 WORKER = HERE / "_chaos_worker.py"
-KINDS = ("worker-kill", "agent-kill", "agent-term", "write-kill", "torn", *HANG_KINDS)
+KINDS = ("worker-kill", "agent-kill", "agent-term", "write-kill", "torn", "exit-abort", *HANG_KINDS)
 #: kinds deferred while only one agent is live (one would take the last agent; the others need a
 #: peer to notice)
 NEED_TWO = ("agent-kill", "agent-term", *HANG_KINDS)
@@ -554,6 +558,15 @@ class Soak:
                 pid = rng.choice(workers)
                 os.kill(pid, signal.SIGKILL)
                 record["target"] = pid
+        elif kind == "exit-abort":
+            workers = [pid for name in live for pid in self.workers(name)]
+            if not workers:
+                record["missed"] = "no worker alive (the group was restarting)"
+            else:
+                pid = rng.choice(workers)
+                (self.out / f"abort-at-exit-{pid}").write_text("")
+                os.kill(pid, signal.SIGTERM)
+                record["target"] = pid
         elif kind == "write-kill":
             record.update(self._kill_while_writing())
         elif kind == "torn":
@@ -733,6 +746,10 @@ def run_soak(
     finally:
         soak.stop_all()
     exit_codes = {name: agent.returncode for name, agent in soak.agents.items()}
+    for fault in soak.faults:  # the worker consumes its flag as it aborts
+        if fault["kind"] == "exit-abort" and "missed" not in fault:
+            if (out / f"abort-at-exit-{fault['target']}").exists():
+                fault["missed"] = "the worker ended before its exit handlers ran (SIGTERM while it started)"
     soak.logs.poll()
     return {
         "faults": soak.faults,

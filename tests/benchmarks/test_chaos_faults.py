@@ -204,6 +204,14 @@ def test_fault_problems_hold_each_kind_to_what_it_expects() -> None:
     assert fault_problems({"kind": "worker-kill", "step": 3, "missed": "no worker alive"}, HANG) == []
     assert fault_problems({"kind": "agent-kill", "step": 3}, HANG) == []
 
+    aborted = {"kind": "exit-abort", "step": 12, "target": 4242}
+    assert fault_problems({**aborted, "restarted": True}, HANG) == []
+    assert fault_problems({**aborted, "restarted": False, "overlapped": True}, HANG) == []
+    assert fault_problems({**aborted, "restarted": False}, HANG) == [
+        "exit-abort at step 12: the group did not restart after the abort"
+    ]
+    assert fault_problems({**aborted, "missed": "the worker ended before its exit handlers ran"}, HANG) == []
+
 
 def test_the_table_has_a_row_per_kind_with_medians() -> None:
     faults = [

@@ -1,10 +1,11 @@
 """The chaos soak's CI versions: faults of each kind into a real torchrun elastic job.
 
-``benchmarks/chaos.py --faults 5``: two agents on one c10d rendezvous (loopback), float64,
+``benchmarks/chaos.py --faults 6``: two agents on one c10d rendezvous (loopback), float64,
 ``ExactGlobalBatch``; a worker SIGKILLed, an agent SIGKILLed with its worker, an agent
-SIGTERMed, the checkpoint writer SIGKILLed mid-write, the newest checkpoint torn; a new agent
-after each one lost. The run must finish on its own, train every surviving step on the
-uninterrupted run's samples, and end with its weights (see ``chaos.TOLERANCE``).
+SIGTERMed, the checkpoint writer SIGKILLed mid-write, the newest checkpoint torn, a worker
+SIGTERMed that aborts at its exit; a new agent after each one lost. The run must finish on its
+own, train every surviving step on the uninterrupted run's samples, and end with its weights (see
+``chaos.TOLERANCE``).
 
 ``--kinds worker-stop worker-pause worker-slow --faults 3 --hang-timeout 5``: a worker stopped for
 good must be named by its peer's watchdog within ``hang_timeout + 15`` s and the group restart; a
@@ -23,12 +24,12 @@ from _helpers import ROOT, script_env
 pytestmark = pytest.mark.slow  # starts processes: two torchrun jobs
 
 CHAOS = ROOT / "benchmarks" / "chaos.py"
-KINDS = {"worker-kill", "agent-kill", "agent-term", "write-kill", "torn"}
+KINDS = {"worker-kill", "agent-kill", "agent-term", "write-kill", "torn", "exit-abort"}
 
 
-def test_five_faults_lose_nothing_and_end_on_the_uninterrupted_weights(tmp_path: Path) -> None:
+def test_six_faults_lose_nothing_and_end_on_the_uninterrupted_weights(tmp_path: Path) -> None:
     out, result_file = tmp_path / "out", tmp_path / "chaos.json"
-    command = [sys.executable, str(CHAOS), "--faults", "5", "--steps", "120", "--timeout", "200"]
+    command = [sys.executable, str(CHAOS), "--faults", "6", "--steps", "120", "--timeout", "200"]
     command += ["--out", str(out), "--json", str(result_file)]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=300, env=script_env())
     logs = "\n".join(p.read_text()[-1500:] for p in sorted(out.glob("soak/agent*.log")))
