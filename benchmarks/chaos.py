@@ -342,6 +342,10 @@ class Soak:
     def workers(self, agent: str) -> list[int]:
         return [pid for pid in _children(self.agents[agent].pid) if _alive(pid)]
 
+    def live_workers(self) -> list[int]:
+        """The workers of the live agents."""
+        return [pid for name in self.live() for pid in self.workers(name)]
+
     def step(self) -> int:
         """The newest step any rank reported (-1 before any)."""
         return max((p["step"] for p in self.progress()), default=-1)
@@ -395,7 +399,7 @@ class Soak:
         """The progress of two ranks training in one generation now (both reported in the last
         2 s, both workers of live agents), if there are."""
         now = time.time()
-        workers = {pid for name in self.live() for pid in self.workers(name)}
+        workers = set(self.live_workers())
         by_generation: dict[str, dict[int, dict[str, Any]]] = {}
         for p in self.progress():
             if now - p["t"] < 2.0 and p["pid"] in workers and "rank" in p:
@@ -550,22 +554,15 @@ class Soak:
                 record["workers"] = self.kill_agent(name)
             else:
                 os.kill(self.agents[name].pid, signal.SIGTERM)
-        elif kind == "worker-kill":
-            workers = [pid for name in live for pid in self.workers(name)]
+        elif kind in ("worker-kill", "exit-abort"):
+            workers = self.live_workers()
             if not workers:
                 record["missed"] = "no worker alive (the group was restarting)"
             else:
                 pid = rng.choice(workers)
-                os.kill(pid, signal.SIGKILL)
-                record["target"] = pid
-        elif kind == "exit-abort":
-            workers = [pid for name in live for pid in self.workers(name)]
-            if not workers:
-                record["missed"] = "no worker alive (the group was restarting)"
-            else:
-                pid = rng.choice(workers)
-                (self.out / f"abort-at-exit-{pid}").write_text("")
-                os.kill(pid, signal.SIGTERM)
+                if kind == "exit-abort":  # the worker aborts as it exits after the SIGTERM
+                    (self.out / f"abort-at-exit-{pid}").write_text("")
+                os.kill(pid, signal.SIGKILL if kind == "worker-kill" else signal.SIGTERM)
                 record["target"] = pid
         elif kind == "write-kill":
             record.update(self._kill_while_writing())
@@ -612,7 +609,7 @@ class Soak:
                 f.truncate(size // 2)
         except FileNotFoundError:  # renamed away by a save at this instant: tear the next one
             return self._tear(timeout)
-        workers = [pid for name in self.live() for pid in self.workers(name)]
+        workers = self.live_workers()
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
         return {"target": newest.name, "bytes_kept": size // 2, "of": size, "workers": workers}

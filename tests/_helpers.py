@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -84,6 +85,45 @@ def run_python(
     if expect_ok is not None:
         assert (proc.returncode == 0) == expect_ok, proc.stderr[-4000:]
     return proc
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a rendezvous or a store a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def torchrun_agent(
+    out: Path,
+    port: int,
+    name: str,
+    script_args: list[str],
+    rdzv_id: str,
+    rdzv_conf: str,
+    monitor_interval: float = 1,
+    **env: str,
+) -> subprocess.Popen[bytes]:
+    """One torchrun agent (``--nnodes=1:2``, one worker, 3 restarts) on the c10d rendezvous at
+    ``127.0.0.1:port``, in its own session, its output in ``<out>/<name>.log``.
+
+    torchrun's store is not shared with the workers (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``):
+    with it, an agent that joins later waits forever for the new round's ``MASTER_ADDR`` (rank 0
+    reuses its cached store info; torch 2.x).
+    """
+    torchrun = Path(sys.executable).with_name("torchrun")
+    args = [str(torchrun), "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d"]
+    args += [f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={rdzv_id}", f"--rdzv-conf={rdzv_conf}"]
+    args += ["--max-restarts=3", f"--monitor-interval={monitor_interval:g}", *script_args]
+    log = open(out / f"{name}.log", "wb")  # noqa: SIM115 (the process keeps it)
+    return subprocess.Popen(
+        args,
+        cwd=out,
+        env=script_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **env),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def run_ddp_script(script: Path, out: Path, ranks: int = 2, **env: str) -> list[dict[str, Any]]:

@@ -60,9 +60,10 @@ class Starts(pl.Callback):
 
     def __init__(self, out: Path) -> None:
         self.out = out
+        self.written = False
 
     def on_train_batch_start(self, trainer: pl.Trainer, *args: object) -> None:
-        if getattr(self, "written", False):
+        if self.written:
             return
         self.written = True
         record = {

@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from _helpers import script_env
+from _helpers import free_port, torchrun_agent
 
 pytestmark = pytest.mark.slow  # two torchrun agents, a restart
 
@@ -25,38 +23,20 @@ SLOW_STEPS = 5  # found at step 5, between the worker's checkpoints (every 2 ste
 EXTRA_SLEEP = 0.8  # the slow worker's step: 1.0 s against 0.2 s (slow_factor 2)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _agent(out: Path, port: int, name: str, **env: str) -> subprocess.Popen[bytes]:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    args = [str(torchrun), "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d"]
-    args += [f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=drop", "--max-restarts=3"]
     # the store lives outside the agents (as a cluster's rendezvous service): the agent that
     # leaves must not take the rendezvous down with it
-    args += [
-        "--rdzv-conf=join_timeout=60,last_call_timeout=3,close_timeout=10,is_host=0,read_timeout=15,"
-        "keep_alive_interval=1,keep_alive_max_attempt=3,heartbeat_timeout=3",
-        "--monitor-interval=0.5",
-    ]
-    args += [str(WORKER), str(out), str(MAX_STEPS), "10", "-1", "0"]
-    env = {
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-        "HANG_WORKER_DROP": "1",
-        "HANG_WORKER_SLOW_STEPS": str(SLOW_STEPS),
-        **env,
-    }
-    log = open(out / f"{name}.log", "wb")  # noqa: SIM115 (the process keeps it)
-    return subprocess.Popen(
-        args, cwd=out, env=script_env(**env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    conf = (
+        "join_timeout=60,last_call_timeout=3,close_timeout=10,is_host=0,read_timeout=15,"
+        "keep_alive_interval=1,keep_alive_max_attempt=3,heartbeat_timeout=3"
     )
+    args = [str(WORKER), str(out), str(MAX_STEPS), "10", "-1", "0"]
+    env = {"HANG_WORKER_DROP": "1", "HANG_WORKER_SLOW_STEPS": str(SLOW_STEPS), **env}
+    return torchrun_agent(out, port, name, args, "drop", conf, monitor_interval=0.5, **env)
 
 
 def test_a_straggler_leaves_and_the_group_finishes_at_the_smaller_world_size(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
     fast = _agent(tmp_path, port, "fast")
     slow = _agent(tmp_path, port, "slow", HANG_WORKER_EXTRA_SLEEP=str(EXTRA_SLEEP))

@@ -10,14 +10,12 @@ resumes from the last periodic checkpoint. Bounded: every wait has a deadline.
 import json
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from _helpers import script_env
+from _helpers import free_port, torchrun_agent
 
 pytestmark = pytest.mark.slow  # starts processes
 
@@ -25,41 +23,11 @@ WORKER = Path(__file__).with_name("torchrun_worker.py")
 MAX_STEPS = 120
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _agent(out: Path, port: int, name: str) -> subprocess.Popen:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    # torch 2.x bug: with the shared TCP store, an agent that joins later waits forever for the
-    # new round's MASTER_ADDR (rank 0 reuses its cached store info); opt out of the sharing.
-    env = script_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    log = open(out / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
-    return subprocess.Popen(
-        [
-            str(torchrun),
-            "--nnodes=1:2",
-            "--nproc-per-node=1",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{port}",
-            "--rdzv-id=elastic-test",
-            # a round that reached its minimum closes after 1 s (default 30 s); a dead peer is
-            # noticed after 3 missed 1 s keep-alives
-            "--rdzv-conf=last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3",
-            "--max-restarts=3",
-            "--monitor-interval=1",
-            str(WORKER),
-            str(out),
-            str(MAX_STEPS),
-        ],
-        cwd=out,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    # a round that reached its minimum closes after 1 s (default 30 s); a dead peer is noticed
+    # after 3 missed 1 s keep-alives
+    conf = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3"
+    return torchrun_agent(out, port, name, [str(WORKER), str(out), str(MAX_STEPS)], "elastic-test", conf)
 
 
 def _read(path: Path) -> dict | None:
@@ -87,7 +55,7 @@ def _wait(condition, timeout: float, what: str, agents: list[subprocess.Popen], 
 
 
 def test_torchrun_agents_join_and_leave(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     first = _agent(tmp_path, port, "first")
     agents = [first]
     progress = tmp_path / "progress-rank0.json"
