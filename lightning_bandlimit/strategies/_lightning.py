@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+from datetime import timedelta
 from typing import Any
 
 import lightning
@@ -26,6 +27,7 @@ __all__ = [
     "LauncherHook",
     "check_lightning_shapes",
     "loader_with_sampler",
+    "process_group_settings",
     "set_batches_done_this_epoch",
     "set_scheduler_last_lr",
 ]
@@ -61,6 +63,10 @@ def check_lightning_shapes() -> None:
     """
     if not callable(vars(DDPStrategy).get("_configure_launcher")):
         raise _shape_error("DDPStrategy._configure_launcher()")
+    if not callable(vars(DDPStrategy).get("_get_process_group_backend")):
+        raise _shape_error("DDPStrategy._get_process_group_backend()")
+    if not isinstance(getattr(DDPStrategy(), "_timeout", None), timedelta):
+        raise _shape_error("DDPStrategy._timeout (the process group's timeout)")
     update = _private("lightning.pytorch.utilities.data", "_update_dataloader")
     if list(inspect.signature(update).parameters)[:3] != ["dataloader", "sampler", "mode"]:
         raise _shape_error("lightning.pytorch.utilities.data._update_dataloader(dataloader, sampler, mode)")
@@ -93,6 +99,11 @@ class LauncherHook:
     def _configure_launcher(self) -> None:
         self.before_launcher()
         super()._configure_launcher()  # type: ignore[misc]
+
+
+def process_group_settings(strategy: DDPStrategy) -> tuple[str, timedelta]:
+    """The backend and timeout a DDP strategy's ``setup_distributed`` forms its process group with."""
+    return strategy._get_process_group_backend(), strategy._timeout
 
 
 def loader_with_sampler(

@@ -4,7 +4,9 @@ the group, it resumes from the last checkpoint and ends with the uninterrupted r
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -32,15 +34,31 @@ def _torchrun(
     args = [str(torchrun), "--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=3"]
     args += ["--monitor-interval=1", str(WORKER), str(out), str(MAX_STEPS), str(HANG_TIMEOUT)]
     args += [str(stop_rank), str(stop_step)]
-    try:
-        return subprocess.run(
-            args, cwd=out, env=script_env(**env), capture_output=True, text=True, timeout=timeout
+    log = out / "torchrun.log"  # kept in the test's folder: a failure's whole story
+    with open(log, "w") as sink:
+        proc = subprocess.Popen(
+            args,
+            cwd=out,
+            env=script_env(**env),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
-    finally:
-        stopped = out / "stopped.json"
-        if stopped.exists():  # never leave a stopped process behind, whatever happened
-            pid = json.loads(stopped.read_text())["pid"]
-            subprocess.run(["kill", "-9", str(pid)], capture_output=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # the agent and its workers (each in a session of its own)
+            workers = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+            for pid in [proc.pid, *map(int, workers.stdout.split())]:
+                os.kill(pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"torchrun still running after {timeout} s:\n{log.read_text()[-6000:]}")
+        finally:
+            stopped = out / "stopped.json"
+            if stopped.exists():  # never leave a stopped process behind, whatever happened
+                pid = json.loads(stopped.read_text())["pid"]
+                subprocess.run(["kill", "-9", str(pid)], capture_output=True)
+    return subprocess.CompletedProcess(args, proc.returncode, log.read_text(), "")
 
 
 def _weights(out: Path) -> list[dict[str, torch.Tensor]]:
