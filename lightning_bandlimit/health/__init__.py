@@ -5,5 +5,7 @@
 * :mod:`.heartbeat`: every rank publishes a heartbeat and its step to the run's store; a rank
   whose peer stops beating for ``hang_timeout`` says which rank and step, and exits non-zero
   (torchrun restarts the group; the resume path takes over).
+* :mod:`.round_store`: a restarted group forms in a namespace of its own in torchrun's shared
+  store (the keys its predecessors left there would point it at dead peers).
 * :mod:`.stragglers`: a rank persistently slower than the median, reported once (plain Python).
 """
