@@ -22,9 +22,10 @@ import time
 import uuid
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
-__all__ = ["agent_store_shared", "round_namespace", "round_store"]
+__all__ = ["agent_store_shared", "init_in_round_namespace", "round_namespace", "round_store"]
 
 _KEY = "lightning_bandlimit/round"
 
@@ -98,3 +99,21 @@ def round_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
     store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
     store.set_timeout(timeout)
     return dist.PrefixStore(f"{_KEY}/{round_namespace(store, rank, world_size)}", store)
+
+
+def init_in_round_namespace(
+    backend: str, rank: int, world_size: int, timeout: timedelta, device_id: torch.device | None = None
+) -> None:
+    """``torch.distributed.init_process_group`` in :func:`round_store`'s namespace for this attempt.
+
+    Args:
+        backend: the process group's backend (``"gloo"``, ``"nccl"``).
+        rank: this process's rank.
+        world_size: the number of ranks.
+        timeout: the process group's timeout (also the store's).
+        device_id: the device to bind the group to (NCCL), or ``None``.
+    """
+    store = round_store(rank, world_size, timeout)
+    dist.init_process_group(
+        backend, rank=rank, world_size=world_size, timeout=timeout, store=store, device_id=device_id
+    )

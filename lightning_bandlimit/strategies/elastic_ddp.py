@@ -51,7 +51,7 @@ from typing_extensions import override
 
 from lightning_bandlimit.callbacks.checkpoint_io import DurableCheckpointIO
 from lightning_bandlimit.health.exit import close_at_exit
-from lightning_bandlimit.health.round_store import agent_store_shared, round_store
+from lightning_bandlimit.health.round_store import agent_store_shared, init_in_round_namespace
 from lightning_bandlimit.strategies._lightning import (
     LauncherHook,
     check_lightning_shapes,
@@ -238,17 +238,11 @@ class ElasticDDPStrategy(CheckedResume, LauncherHook, GuardedResize, PeerHealth,
 
     @override
     def setup_distributed(self) -> None:
-        # torchrun's shared store keeps the keys of the workers before a restart: form the group in
-        # a namespace of this attempt's own (health/round_store.py), or a rank may dial a dead peer
-        if agent_store_shared() and not torch.distributed.is_initialized():
+        if agent_store_shared() and not torch.distributed.is_initialized():  # see health/round_store.py
             self.set_world_ranks()
-            rank, world_size = self.global_rank, self.world_size
             backend, timeout = process_group_settings(self)
-            device = {"device_id": self.root_device} if self.root_device.type != "cpu" else {}
-            store = round_store(rank, world_size, timeout)
-            torch.distributed.init_process_group(
-                backend, rank=rank, world_size=world_size, timeout=timeout, store=store, **device
-            )
+            device = self.root_device if self.root_device.type != "cpu" else None
+            init_in_round_namespace(backend, self.global_rank, self.world_size, timeout, device)
         super().setup_distributed()  # the rest of Lightning's set-up (it sees the group formed)
 
     @override

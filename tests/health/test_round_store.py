@@ -85,14 +85,6 @@ def test_a_restarted_group_forms_though_the_store_holds_its_predecessors_address
     assert _gloo_sum(server, [1.5, 0.0], fresh=True) == {0: 3.0, 1: 3.0}
 
 
-def test_without_the_namespace_the_same_restart_fails(server: dist.TCPStore) -> None:
-    # The hazard the namespace guards against (pytorch/pytorch#135712), shown on this torch: if it
-    # stops failing, torch has fixed the shared store and round_store can go.
-    assert _gloo_sum(server, [0.0, 0.0], fresh=False) == {0: 3.0, 1: 3.0}
-    later = _gloo_sum(server, [0.0, 1.5], fresh=False)
-    assert any(isinstance(result, RuntimeError) for result in later.values()), later
-
-
 def test_round_store_reads_the_env_store_and_prefixes_it(
     server: dist.TCPStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
