@@ -97,7 +97,6 @@ def round_store(rank: int, world_size: int, timeout: timedelta) -> dist.Store:
         A ``PrefixStore`` to pass to ``torch.distributed.init_process_group(store=...)``.
     """
     store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
-    store.set_timeout(timeout)
     return dist.PrefixStore(f"{_KEY}/{round_namespace(store, rank, world_size)}", store)
 
 

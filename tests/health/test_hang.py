@@ -42,7 +42,6 @@ def _torchrun(
             env=script_env(**env),
             stdout=sink,
             stderr=subprocess.STDOUT,
-            text=True,
         )
         try:
             proc.wait(timeout=timeout)

@@ -61,13 +61,13 @@ def test_every_rank_agrees_on_a_name_no_earlier_attempt_used(server: dist.TCPSto
     assert len(set(third.values())) == 1 and third[0] not in (first[0], second[0])
 
 
-def _gloo_sum(server: dist.TCPStore, delays: list[float], fresh: bool) -> dict[int, object]:
-    """Each rank forms a gloo group as init_process_group would, and all-reduces rank + 1."""
+def _gloo_sum(server: dist.TCPStore, delays: list[float]) -> dict[int, object]:
+    """Each rank forms a gloo group as init_process_group would, in the attempt's namespace, and
+    all-reduces rank + 1."""
 
     def form(rank: int) -> float:
-        store: dist.Store = _client(server)
-        if fresh:
-            store = dist.PrefixStore(round_namespace(store, rank, len(delays), poll=0.05), store)
+        client = _client(server)
+        store = dist.PrefixStore(round_namespace(client, rank, len(delays), poll=0.05), client)
         group = dist.ProcessGroupGloo(dist.PrefixStore("default_pg", store), rank, 2, timedelta(seconds=5))
         value = torch.tensor([rank + 1.0])
         group.allreduce([value]).wait()
@@ -79,10 +79,10 @@ def _gloo_sum(server: dist.TCPStore, delays: list[float], fresh: bool) -> dict[i
 def test_a_restarted_group_forms_though_the_store_holds_its_predecessors_addresses(
     server: dist.TCPStore,
 ) -> None:
-    assert _gloo_sum(server, [0.0, 0.0], fresh=True) == {0: 3.0, 1: 3.0}
+    assert _gloo_sum(server, [0.0, 0.0]) == {0: 3.0, 1: 3.0}
     # rank 1 restarts late: rank 0 must not dial rank 1's old address
-    assert _gloo_sum(server, [0.0, 1.5], fresh=True) == {0: 3.0, 1: 3.0}
-    assert _gloo_sum(server, [1.5, 0.0], fresh=True) == {0: 3.0, 1: 3.0}
+    assert _gloo_sum(server, [0.0, 1.5]) == {0: 3.0, 1: 3.0}
+    assert _gloo_sum(server, [1.5, 0.0]) == {0: 3.0, 1: 3.0}
 
 
 def test_round_store_reads_the_env_store_and_prefixes_it(
