@@ -3,11 +3,49 @@
 Helpers that the scripts started in subprocesses need too live in ``_helpers.py`` (no pytest).
 """
 
+import os
+import resource
 from collections.abc import Callable, Iterator
 
 import lightning.pytorch as pl
 import pytest
 import torch
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, each worker's torch takes its share of the cores (workers x threads <= cores):
+    more threads than cores only makes the workers wait on each other."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller prints it
+        workeroutput["peak_rss_mib"] = _peak_rss_mib()
+
+
+_WORKER_PEAKS: dict[str, float] = {}
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook
+def pytest_testnodedown(node: object, error: object) -> None:
+    output = getattr(node, "workeroutput", {})
+    if "peak_rss_mib" in output:
+        _WORKER_PEAKS[getattr(node, "gateway").id] = output["peak_rss_mib"]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The suite's memory: each process's peak resident set (the issue's 3 GB bound is per process)."""
+    peaks = dict(sorted(_WORKER_PEAKS.items())) or {"pytest": _peak_rss_mib()}
+    terminalreporter.write_line(
+        "peak resident memory (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in peaks.items())
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -356,9 +356,17 @@ def compile_step(name: str) -> dict[str, Any]:
     and one training step runs; on :data:`RECOMPILE_MODELS`, training on at other compressions
     (0.3, 0.7, 0.5, 0) costs at most one recompile per compression level visited."""
     import torch._dynamo
-    import torch._dynamo.testing
 
     torch._dynamo.reset()
+    try:
+        return _compile_step(name)
+    finally:
+        torch._dynamo.reset()  # the compiled graphs and their cache go with the test
+
+
+def _compile_step(name: str) -> dict[str, Any]:
+    import torch._dynamo.testing
+
     eager = bandlimit(build(name), 0.5)
     model = copy.deepcopy(eager)
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")

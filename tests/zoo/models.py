@@ -10,8 +10,9 @@ only repeats a 1x1 / 1x1 map, and the 57-129M-parameter heads would cost most of
 time while no convolution is in them. The convolutional features, which the levers act on, are
 torchvision's.
 
-Models are built once per process (seeded) and handed out as deep copies, so each caller gets
-its own fresh model.
+The last model built is kept (seeded) and handed out as deep copies, so each caller gets its own
+fresh model; building another one drops it (the suite runs a model's cells one after another, and
+32 models kept alive would hold gigabytes across the run).
 """
 
 from __future__ import annotations
@@ -106,12 +107,13 @@ MODELS: dict[str, ZooModel] = {
 }
 
 
-_PROTOTYPES: dict[str, nn.Module] = {}
+_PROTOTYPES: dict[str, nn.Module] = {}  # at most one: the model last built
 
 
 def build(name: str, dtype: torch.dtype = torch.float32) -> nn.Module:
     """A fresh ``name`` model in training mode (a deep copy of one seeded build, so equal ones)."""
     if name not in _PROTOTYPES:
+        _PROTOTYPES.clear()
         state = torch.random.get_rng_state()
         torch.manual_seed(0)
         _PROTOTYPES[name] = MODELS[name].build()

@@ -27,7 +27,7 @@ KNOWN: dict[tuple[str, str], tuple[str, bool]] = {}
 def _params() -> list:
     params = []
     for name, cell in cells_for(list(MODELS)):
-        marks = []
+        marks = [pytest.mark.xdist_group(f"zoo-{name}")]  # a model's cells on one worker, in a row
         if (name, cell) in KNOWN:
             reason, strict = KNOWN[(name, cell)]
             marks.append(pytest.mark.xfail(strict=strict, reason=reason))
