@@ -3,8 +3,11 @@
 Helpers that the scripts started in subprocesses need too live in ``_helpers.py`` (no pytest).
 """
 
+import ctypes
+import gc
 import os
 import resource
+import time
 from collections.abc import Callable, Iterator
 
 import lightning.pytorch as pl
@@ -31,6 +34,42 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 _WORKER_PEAKS: dict[str, float] = {}
+_MEMORY_LOG = os.environ.get("BANDLIMIT_TEST_MEMORY_LOG")  # a folder: each process's RSS after each test
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+_LIBC = ctypes.CDLL(None) if hasattr(ctypes.CDLL(None), "malloc_trim") else None
+_TRIM_ABOVE_MIB = 1536
+
+
+@pytest.hookimpl(trylast=True)  # after the test's fixtures are gone
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """A process over 1.5 GiB after a test collects its garbage and hands the freed heap back to the
+    system (glibc keeps it otherwise): one test's peak must not become every later test's floor.
+    Without it the serial suite's process grew to 11 GB by the zoo (and aborted there once, in a
+    backward, with other work on the machine)."""
+    if _LIBC is not None and _rss_mib() > _TRIM_ABOVE_MIB:
+        gc.collect()
+        _LIBC.malloc_trim(0)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
+    """With ``BANDLIMIT_TEST_MEMORY_LOG=<folder>``: one line per test (resident MiB before and after,
+    seconds) in ``<folder>/<worker>.tsv``, to find what a test leaves alive for the next ones."""
+    if not _MEMORY_LOG:
+        return (yield)
+    before, started = _rss_mib(), time.perf_counter()
+    try:
+        return (yield)
+    finally:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        with open(os.path.join(_MEMORY_LOG, f"{worker}.tsv"), "a") as log:
+            log.write(f"{item.nodeid}\t{before:.0f}\t{_rss_mib():.0f}\t{time.perf_counter() - started:.2f}\n")
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook
