@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # starts a process
+pytestmark = [
+    pytest.mark.slow,  # starts a process
+    pytest.mark.xdist_group("readme"),  # the README's blocks run once, on one worker
+    pytest.mark.timeout(900),  # every block in one interpreter (its own limit: 600 s)
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

@@ -26,7 +26,10 @@ from lightning_bandlimit.models import ImageClassifier
 from lightning_bandlimit.tenants import Ledger
 from lightning_bandlimit.tenants.ledger import host_device
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.xdist_group("probe_faults"),  # the clean fit is made once, on one worker
+]
 
 M = 1_000_000
 TOTAL = 100 * M  # min_free 20 MB (SCRIPTED_ADAPTIVE)

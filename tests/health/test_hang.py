@@ -16,7 +16,10 @@ import pytest
 import torch
 from _helpers import script_env
 
-pytestmark = pytest.mark.slow  # torchrun, two processes, a stopped one
+pytestmark = [
+    pytest.mark.slow,  # torchrun, two processes, a stopped one
+    pytest.mark.xdist_group("hang"),  # the reference run is made once, on one worker
+]
 
 WORKER = Path(__file__).with_name("hang_worker.py")
 HANG_TIMEOUT = 5.0

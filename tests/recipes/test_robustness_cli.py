@@ -31,6 +31,9 @@ from lightning_bandlimit.recipes.threats import (
 )
 from lightning_bandlimit.utils.main_run import main_run_checkpoints
 
+# its module-scoped runs are made once: the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_robustness_cli")
+
 PACKAGED = Path(__file__).resolve().parents[2] / "lightning_bandlimit" / "configs" / "robustness.yaml"
 STUDY = PACKAGED.parent / "robustness_study.yaml"
 

@@ -21,6 +21,9 @@ from _helpers import run_python
 
 from lightning_bandlimit.strategies import ElasticDDPStrategy, ExactGlobalBatch, lr_multiplier
 
+# its module-scoped runs are made once: the module on one xdist worker
+pytestmark = pytest.mark.xdist_group("test_elastic_ddp")
+
 SCRIPT = Path(__file__).with_name("elastic_run_script.py")
 DATASET, BATCH, BASE_LR = 96, 8, 0.1
 TOTAL = 3 * DATASET
