@@ -21,7 +21,10 @@ from pathlib import Path
 import pytest
 from _helpers import ROOT, script_env
 
-pytestmark = pytest.mark.slow  # starts processes: two torchrun jobs
+pytestmark = [
+    pytest.mark.slow,  # starts processes: two torchrun jobs
+    pytest.mark.timeout(600),  # 225-245 s each beside four busy xdist workers
+]
 
 CHAOS = ROOT / "benchmarks" / "chaos.py"
 KINDS = {"worker-kill", "agent-kill", "agent-term", "write-kill", "torn", "exit-abort"}

@@ -7,7 +7,10 @@ import pytest
 import torch
 from _helpers import run_python
 
-pytestmark = pytest.mark.slow  # starts processes
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(600),
+]  # starts processes (up to 170 s beside busy workers)
 
 
 def _fit(run: Path, devices: int, max_steps: int, config: str = "elastic", expect_ok: bool = True) -> str:

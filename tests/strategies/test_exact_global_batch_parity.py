@@ -25,7 +25,10 @@ import pytest
 import torch
 from _helpers import run_python
 
-pytestmark = pytest.mark.slow  # real gloo processes, seven launches
+pytestmark = [
+    pytest.mark.slow,  # real gloo processes, seven launches
+    pytest.mark.timeout(600),  # up to 200 s beside four busy xdist workers
+]
 
 SCRIPT = Path(__file__).with_name("exact_batch_script.py")
 TOLERANCE = 1e-10
