@@ -176,21 +176,22 @@ class _CoTenant(pl.Callback):
 def test_real_cotenant_on_host_memory(tmp_path: Path) -> None:
     probe = HostMemoryProbe()
     available = probe.read().free
-    if available < 10 * GIB:
-        pytest.skip(f"needs 10 GiB of available memory, has {available / GIB:.1f}")
-    # Thresholds relative to what is free now: a 4 GiB co-tenant crosses min_free, and 1.5 GiB
-    # of slack on either side absorbs what other processes on the machine do meanwhile.
+    if available < 12 * GIB:
+        pytest.skip(f"needs 12 GiB of available memory, has {available / GIB:.1f}")
+    # Thresholds relative to what is free now: a 6 GiB co-tenant crosses min_free, and 2.5 GiB
+    # of slack on either side absorbs what other processes on the machine do meanwhile (the
+    # suite's other xdist workers move by 1-4 GiB; with 1.5 GiB the release was missed once).
     callback = AdaptiveBandLimit(
         probe=probe,
-        min_free=available - 2.5 * GIB,
-        release_free=available - 1.5 * GIB,
+        min_free=available - 3.5 * GIB,
+        release_free=available - 2.5 * GIB,
         check_every_n_steps=1,
         raise_step=0.3,
         lower_step=0.3,
         release_checks=2,
         cooldown_checks=1,
     )
-    cotenant = _CoTenant(start=4, stop=10, nbytes=4 * GIB)
+    cotenant = _CoTenant(start=4, stop=10, nbytes=6 * GIB)
     try:
         _trainer(tmp_path, [cotenant, callback], max_steps=20).fit(
             ImageClassifier("small_cnn", width=4), _data(96)
@@ -200,5 +201,5 @@ def test_real_cotenant_on_host_memory(tmp_path: Path) -> None:
     by_step = {d["step"]: d["compression"] for d in callback.decisions}
     trace = [(d["step"], d["compression"], round(d["free_bytes"] / GIB, 2)) for d in callback.decisions]
     during = max(by_step[s] for s in range(5, 11))
-    assert during > by_step[3], trace  # rose while the co-tenant held 4 GiB
+    assert during > by_step[3], trace  # rose while the co-tenant held 6 GiB
     assert by_step[20] < during, trace  # and fell after it left
