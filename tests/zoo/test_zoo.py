@@ -23,11 +23,23 @@ pytestmark = pytest.mark.zoo
 #: custom backwards ran with autocast off (``functional/autocast.py``).
 KNOWN: dict[tuple[str, str], tuple[str, bool]] = {}
 
+#: (model, cell) -> reason: cells that end the process (a native crash), so they cannot run as an
+#: xfail without taking the run with them. Each is a bug of the package to fix, not a pass.
+CRASHES: dict[tuple[str, str], str] = {
+    # Found by issue 67 (the suite's abort at its end, 3 runs of 3 that reached the zoo's end):
+    # alone, this cell gives a wrong gradient in float32 (stem.conv_1x1.conv.weight, relative
+    # error 4.4) and then aborts (SIGABRT or SIGSEGV) in the float64 backward. The stem's 1x1
+    # stride-2 LeanConv2d alone in channels_last is exact: the cause is still to be found.
+    ("timm/repvgg_a0", "channels_last"): "native crash in the channels-last backward (issue 67's abort)",
+}
+
 
 def _params() -> list:
     params = []
     for name, cell in cells_for(list(MODELS)):
         marks = [pytest.mark.xdist_group(f"zoo-{name}")]  # a model's cells on one worker, in a row
+        if (name, cell) in CRASHES:
+            marks.append(pytest.mark.skip(reason=CRASHES[(name, cell)]))
         if (name, cell) in KNOWN:
             reason, strict = KNOWN[(name, cell)]
             marks.append(pytest.mark.xfail(strict=strict, reason=reason))
