@@ -58,13 +58,14 @@ def one_run(run_dir: Path, timeout: float) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     aborted = "terminate called" in output
     finished = "`Trainer.fit` stopped: `max_steps=2` reached." in output
+    ok = status == 0 and not aborted and finished
     return {
         "status": status,
         "seconds": round(seconds, 2),
         "aborted": aborted,
         "finished": finished,
-        "ok": status == 0 and not aborted and finished,
-        "tail": "" if status == 0 and not aborted and finished else output[-3000:],
+        "ok": ok,
+        "tail": "" if ok else output[-3000:],
     }
 
 

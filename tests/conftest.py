@@ -42,7 +42,8 @@ def _rss_mib() -> float:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-_LIBC = ctypes.CDLL(None) if hasattr(ctypes.CDLL(None), "malloc_trim") else None
+_LIBC = ctypes.CDLL(None)
+_MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)  # glibc only
 _TRIM_ABOVE_MIB = 1536
 
 
@@ -50,11 +51,10 @@ _TRIM_ABOVE_MIB = 1536
 def pytest_runtest_teardown(item: pytest.Item) -> None:
     """A process over 1.5 GiB after a test collects its garbage and hands the freed heap back to the
     system (glibc keeps it otherwise): one test's peak must not become every later test's floor.
-    Without it the serial suite's process grew to 11 GB by the zoo (and aborted there once, in a
-    backward, with other work on the machine)."""
-    if _LIBC is not None and _rss_mib() > _TRIM_ABOVE_MIB:
+    Without it the serial suite's process grew to 11.6 GB by the zoo."""
+    if _MALLOC_TRIM is not None and _rss_mib() > _TRIM_ABOVE_MIB:
         gc.collect()
-        _LIBC.malloc_trim(0)
+        _MALLOC_TRIM(0)
 
 
 @pytest.hookimpl(wrapper=True)
