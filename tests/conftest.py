@@ -24,7 +24,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    return max(own, _LOGGED_PEAK_MIB)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -44,32 +45,60 @@ def _rss_mib() -> float:
 
 _LIBC = ctypes.CDLL(None)
 _MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)  # glibc only
-_TRIM_ABOVE_MIB = 1536
+_TRIM_STEP_MIB = 1024
+_trimmed_at_mib = 0.0  # the resident set after the last trim
 
 
 @pytest.hookimpl(trylast=True)  # after the test's fixtures are gone
 def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """A process over 1.5 GiB after a test collects its garbage and hands the freed heap back to the
-    system (glibc keeps it otherwise): one test's peak must not become every later test's floor.
-    Without it the serial suite's process grew to 11.6 GB by the zoo."""
-    if _MALLOC_TRIM is not None and _rss_mib() > _TRIM_ABOVE_MIB:
+    """A process that grew by 1 GiB since the last trim collects its garbage and hands the freed
+    heap back to the system (glibc keeps it otherwise): one test's peak must not become every
+    later test's floor. Only on such growth: a collection per test costs about 0.5 s once the
+    heap is large (that was a fifth of the serial suite)."""
+    global _trimmed_at_mib
+    if _MALLOC_TRIM is not None and _rss_mib() > _trimmed_at_mib + _TRIM_STEP_MIB:
         gc.collect()
         _MALLOC_TRIM(0)
+        _trimmed_at_mib = _rss_mib()
+
+
+def _reset_peak() -> bool:
+    """Start a new resident-set peak (Linux: ``VmHWM``); whether the kernel allows it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _vm_hwm_mib() -> float:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+_LOGGED_PEAK_MIB = 0.0  # with the memory log, the largest per-test peak (the reset hides earlier ones)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[object]:
-    """With ``BANDLIMIT_TEST_MEMORY_LOG=<folder>``: one line per test (resident MiB before and after,
-    seconds) in ``<folder>/<worker>.tsv``, to find what a test leaves alive for the next ones."""
+    """With ``BANDLIMIT_TEST_MEMORY_LOG=<folder>``: one line per test (resident MiB before, after
+    and at its peak, seconds) in ``<folder>/<worker>.tsv``, to find what a test leaves alive for
+    the next ones and which test needs the most."""
+    global _LOGGED_PEAK_MIB
     if not _MEMORY_LOG:
         return (yield)
-    before, started = _rss_mib(), time.perf_counter()
+    before, started, reset = _rss_mib(), time.perf_counter(), _reset_peak()
     try:
         return (yield)
     finally:
+        peak = _vm_hwm_mib() if reset else float("nan")
+        _LOGGED_PEAK_MIB = max(_LOGGED_PEAK_MIB, peak if reset else 0.0)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        seconds = time.perf_counter() - started
         with open(os.path.join(_MEMORY_LOG, f"{worker}.tsv"), "a") as log:
-            log.write(f"{item.nodeid}\t{before:.0f}\t{_rss_mib():.0f}\t{time.perf_counter() - started:.2f}\n")
+            log.write(f"{item.nodeid}\t{before:.0f}\t{_rss_mib():.0f}\t{peak:.0f}\t{seconds:.2f}\n")
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook

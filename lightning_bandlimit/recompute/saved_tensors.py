@@ -75,7 +75,10 @@ class SavedTensorMeter:
             if self._label is not None and pointer not in self._storages:
                 self._labels[pointer] = self._label()
             self._storages[pointer] = storage.nbytes()
-        return tensor
+        # Detached: a saved tensor that kept its graph would make the graph hold itself through
+        # autograd's C++ nodes, a cycle Python's collector cannot see; a forward whose backward
+        # never runs (it raised, the step was skipped) would then keep the model alive for good.
+        return tensor.detach()
 
     def __enter__(self) -> SavedTensorMeter:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)

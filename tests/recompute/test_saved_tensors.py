@@ -32,3 +32,30 @@ def test_band_limited_layer_saves_less_with_compression() -> None:
         saved.append(meter.bytes)
     assert saved[0] > saved[1] > saved[2]
     assert saved[2] < 0.2 * x.nelement() * x.element_size()
+
+
+def test_a_forward_whose_backward_never_runs_leaves_nothing_alive() -> None:
+    """A metered forward that raised or whose step was skipped: its graph and the model go with
+    their last reference (a saved tensor kept with its graph would hold them in a cycle through
+    autograd's nodes, which the garbage collector cannot see)."""
+    import gc
+    import weakref
+
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.Sigmoid())
+    alive = weakref.ref(model[2].weight)
+    with SavedTensorMeter(exclude=model.parameters()) as meter:
+        model(torch.rand(2, 3, 16, 16)).sum()  # no backward
+    assert meter.bytes > 0
+    del model
+    gc.collect()
+    assert alive() is None
+
+
+def test_gradients_through_the_meter_equal_the_plain_ones() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.Sigmoid()).double()
+    x = torch.rand(2, 3, 16, 16, dtype=torch.float64, requires_grad=True)
+    plain = torch.autograd.grad(model(x).sum(), [x, *model.parameters()])
+    with SavedTensorMeter():
+        out = model(x).sum()
+    assert all(torch.equal(a, b) for a, b in zip(torch.autograd.grad(out, [x, *model.parameters()]), plain))
