@@ -117,8 +117,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _seed() -> None:
+def _seed() -> Iterator[None]:
     torch.manual_seed(0)
+    yield
+    # A test that leaves saved-tensor hooks installed changes every later test's autograd in this
+    # process (an out-of-memory error in a fit once left a profile's meter there): it fails here.
+    left = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    while torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+    assert left is None, f"saved-tensor hooks left installed: {left}"
 
 
 class StopAfter(pl.Callback):

@@ -299,6 +299,15 @@ class BandLimit(Callback):
             )
 
     @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        """A fit that raised: Lightning calls no ``teardown`` then, so this does. Without it, an
+        error in a step left the adaptive callback's profile hooked into every later autograd
+        operation of the process (a second out-of-memory error in its first step did)."""
+        self.teardown(trainer, pl_module, str(trainer.state.stage or "fit"))
+
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.restore_on_teardown:
             for layer in self._converted:

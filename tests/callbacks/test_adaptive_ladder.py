@@ -663,6 +663,11 @@ def test_oom_in_the_first_step_retries_only_once(tmp_path: Path) -> None:
     ):
         _fit(callback, tmp_path, max_steps=3, model=model)
     assert model.ooms == 2
+    # the failed fit left nothing hooked into torch: no saved-tensor hooks (its profile's meter),
+    # no guarded step, no checkpointed unit
+    assert torch._C._autograd._top_saved_tensors_default_hooks(False) is None
+    assert "training_step" not in vars(model)
+    assert not any(is_checkpointed(m) for m in model.modules())
 
 
 # -- resume -----------------------------------------------------------------------------------
