@@ -16,11 +16,17 @@ import torch
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under xdist, each worker's torch takes its share of the cores (workers x threads <= cores):
-    more threads than cores only makes the workers wait on each other."""
+    """Under xdist, each worker's torch takes its share of the cores (workers x threads <= cores),
+    and so do the processes its tests start: more threads than cores only makes them wait on
+    each other."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        torch.set_num_threads(threads)
+        # and the processes its tests start (a script sets its own where it needs more): two jobs
+        # of two threads each on two cores took 255 s where one thread each took 7 s (OpenMP's
+        # threads spin while they wait for a core)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 def _peak_rss_mib() -> float:
