@@ -123,8 +123,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _seed() -> Iterator[None]:
+def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _no_saved_tensor_hooks_left() -> Iterator[None]:
     yield
     # A test that leaves saved-tensor hooks installed changes every later test's autograd in this
     # process (an out-of-memory error in a fit once left a profile's meter there): it fails here.
