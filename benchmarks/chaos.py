@@ -77,6 +77,7 @@ import sys
 import tempfile
 import threading
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -594,11 +595,13 @@ class Soak:
         return {"missed": "no checkpoint write seen"}
 
     def _tear(self, timeout: float = 30.0) -> dict[str, Any]:
-        """Cut the newest checkpoint in half, once one was written since the last tear (two
-        tears in a row would destroy both kept versions: a loss no resume can undo)."""
+        """Cut the newest checkpoint in half, once one was written since the last tear and the
+        version before it is whole (a tear with no whole version left, the first checkpoint's or
+        two in a row, would destroy every kept version: a loss no resume can undo)."""
         newest = self.out / "ckpt" / "last.ckpt"
+        previous = self.out / "ckpt" / "last.prev.ckpt"
         deadline = time.monotonic() + timeout
-        while _mtime(newest) <= self.torn_at:
+        while _mtime(newest) <= self.torn_at or not _whole(previous):
             if time.monotonic() > deadline or self.done():
                 return {"missed": "no checkpoint written since the last tear"}
             time.sleep(0.1)
@@ -613,6 +616,14 @@ class Soak:
         for pid in workers:
             os.kill(pid, signal.SIGKILL)
         return {"target": newest.name, "bytes_kept": size // 2, "of": size, "workers": workers}
+
+
+def _whole(path: Path) -> bool:
+    """A checkpoint with its zip directory (``torch.save``'s format), read cheaply."""
+    try:
+        return zipfile.is_zipfile(path)
+    except OSError:
+        return False
 
 
 def _wait(soak: Soak, timeout: float, supervise: bool = True) -> bool:
