@@ -23,7 +23,7 @@ import copy
 import gc
 import math
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -258,7 +258,7 @@ class _Passes:
             return f"training_step returned no loss for chunk {chunks + 1} of {len(parts)}"
         whole_norm = _norm(whole)
         split_norm = _norm(chunks)
-        error = _norm([a - b for a, b in zip(whole, chunks)])
+        error = _norm(a - b for a, b in zip(whole, chunks))  # one difference at a time
         if whole_norm == 0:
             difference = 0.0 if split_norm == 0 else math.inf
         else:
@@ -270,7 +270,9 @@ class _Passes:
 
     def gradient(self, pieces: list[tuple[Any, float]]) -> list[torch.Tensor] | int:
         """The gradient of the pieces' weighted losses (summed chunk by chunk: one chunk's graph
-        at a time), or the index of the piece whose ``training_step`` returned no loss."""
+        at a time, added in place: the trial runs when memory is short; with the whole batch's
+        gradient it holds three of the model's, not four), or the index of the piece whose
+        ``training_step`` returned no loss."""
         total: list[torch.Tensor] | None = None
         _seed(self.params[0].device)
         for index, (piece, weight) in enumerate(pieces):
@@ -283,12 +285,17 @@ class _Passes:
             grads = torch.autograd.grad(loss * weight, self.params, allow_unused=True)
             del loss
             grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, self.params)]
-            total = grads if total is None else [t + g for t, g in zip(total, grads)]
+            if total is None:
+                total = grads
+            else:
+                for t, g in zip(total, grads):
+                    t.add_(g)
+                del grads
         assert total is not None
         return total
 
 
-def _norm(tensors: list[torch.Tensor]) -> float:
+def _norm(tensors: Iterable[torch.Tensor]) -> float:
     squares = sum(torch.linalg.vector_norm(t, dtype=torch.float64).square() for t in tensors)
     return math.sqrt(float(squares))
 

@@ -4,6 +4,7 @@ the run left exactly as it was."""
 from __future__ import annotations
 
 import random
+import weakref
 from typing import Any
 
 import lightning.pytorch as pl
@@ -11,6 +12,8 @@ import pytest
 import torch
 from _helpers import cpu_trainer
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -245,3 +248,61 @@ def test_the_trial_runs_under_inference_mode_and_no_grad() -> None:
         assert split_trial(module, inference_batch, 0).exact
     with torch.no_grad():
         assert split_trial(module, batch, 0).exact
+
+
+class _LiveBytes(TorchDispatchMode):
+    """The bytes of the CPU storages that ops create inside it, alive at once: now and at peak
+    (a storage counted once however many tensors view it, until the last of them is freed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.views: dict[int, tuple[int, int]] = {}  # data pointer -> (tensors alive, bytes)
+
+    def _freed(self, key: int) -> None:
+        count, size = self.views[key]
+        self.views[key] = (count - 1, size)
+        if count == 1:
+            del self.views[key]
+            self.live -= size
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
+                storage = tensor.untyped_storage()
+                key = storage.data_ptr()
+                if key:
+                    count, size = self.views.get(key, (0, storage.nbytes()))
+                    if count == 0:
+                        self.live += size
+                        self.peak = max(self.peak, self.live)
+                    self.views[key] = (count + 1, size)
+                    weakref.finalize(tensor, self._freed, key)
+        return out
+
+
+class _Wide(pl.LightningModule):
+    """An MLP whose parameters outweigh its activations a hundredfold at a batch of 8."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(256, 1024), nn.Linear(1024, 1024), nn.Linear(1024, 10))
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+
+def test_the_trial_holds_three_gradients_of_the_model_at_most() -> None:
+    # the whole batch's, the chunks' running sum and one chunk's, and autograd's temporaries:
+    # 3.6x the parameters' bytes here (a new sum per chunk and a list of differences: 4.6x)
+    module = _Wide()
+    g = torch.Generator().manual_seed(0)
+    data = (torch.randn(8, 256, generator=g), torch.randint(0, 10, (8,), generator=g))
+    parameter_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    with _LiveBytes() as meter:
+        trial = split_trial(module, data, 0, split=4)
+    assert trial.exact, trial.reason
+    assert 3 * parameter_bytes <= meter.peak <= 3.75 * parameter_bytes, meter.peak / parameter_bytes
+    assert meter.live == 0  # nothing the trial made outlives it
