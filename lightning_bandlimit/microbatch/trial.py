@@ -246,19 +246,28 @@ class _Passes:
 
     def compare(self) -> tuple[float, float, float] | str:
         """``(difference, ||g_whole|| / ||g_split||, that ratio for a summed loss)``, or why
-        there is nothing to compare."""
-        whole = self.gradient([(_copied(self.batch), 1.0)])
-        if isinstance(whole, int):
-            return "training_step returned no loss for the whole batch"
+        there is nothing to compare.
+
+        The chunks' gradient first, then the whole batch's subtracted from it in place: the
+        trial runs when memory is short, and holds two gradients of the model, not four.
+        """
         parts = split_batch(_copied(self.batch), self.split)
         size = sum(count for _, count in parts)
         weights = [count / size for _, count in parts]
         chunks = self.gradient([(part, weight) for (part, _), weight in zip(parts, weights)])
         if isinstance(chunks, int):
+            if self.no_loss_for_the_whole_batch():
+                return "training_step returned no loss for the whole batch"
             return f"training_step returned no loss for chunk {chunks + 1} of {len(parts)}"
-        whole_norm = _norm(whole)
         split_norm = _norm(chunks)
-        error = _norm(a - b for a, b in zip(whole, chunks))  # one difference at a time
+        whole = self.gradient([(_copied(self.batch), 1.0)])
+        if isinstance(whole, int):
+            return "training_step returned no loss for the whole batch"
+        whole_norm = _norm(whole)
+        for chunk, part in zip(chunks, whole):
+            chunk.sub_(part)
+        del whole
+        error = _norm(chunks)
         if whole_norm == 0:
             difference = 0.0 if split_norm == 0 else math.inf
         else:
@@ -268,11 +277,15 @@ class _Passes:
         expected = 1 / sum(w * w for w in weights)
         return difference, ratio, expected
 
+    def no_loss_for_the_whole_batch(self) -> bool:
+        """Whether ``training_step`` returns no loss for the whole batch (a forward, no graph)."""
+        with torch.no_grad(), self.context():
+            return step_loss(self.module.training_step(_copied(self.batch), *self.args)) is None  # type: ignore[operator]
+
     def gradient(self, pieces: list[tuple[Any, float]]) -> list[torch.Tensor] | int:
-        """The gradient of the pieces' weighted losses (summed chunk by chunk: one chunk's graph
-        at a time, added in place: the trial runs when memory is short; with the whole batch's
-        gradient it holds three of the model's, not four), or the index of the piece whose
-        ``training_step`` returned no loss."""
+        """The gradient of the pieces' weighted losses (summed chunk by chunk, in place: one
+        chunk's graph and gradient at a time), or the index of the piece whose ``training_step``
+        returned no loss."""
         total: list[torch.Tensor] | None = None
         _seed(self.params[0].device)
         for index, (piece, weight) in enumerate(pieces):
