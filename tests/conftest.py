@@ -51,13 +51,13 @@ def _rss_mib() -> float:
 
 _LIBC = ctypes.CDLL(None)
 _MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)  # glibc only
-_TRIM_STEP_MIB = 1024
+_TRIM_STEP_MIB = 512
 _trimmed_at_mib = 0.0  # the resident set after the last trim
 
 
 @pytest.hookimpl(trylast=True)  # after the test's fixtures are gone
 def pytest_runtest_teardown(item: pytest.Item) -> None:
-    """A process that grew by 1 GiB since the last trim collects its garbage and hands the freed
+    """A process that grew by 512 MiB since the last trim collects its garbage and hands the freed
     heap back to the system (glibc keeps it otherwise): one test's peak must not become every
     later test's floor. Only on such growth: a collection per test costs about 0.5 s once the
     heap is large (that was a fifth of the serial suite)."""
