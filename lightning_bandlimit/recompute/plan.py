@@ -20,8 +20,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["POINTWISE_PREFIX", "RungPlan", "UnitCost", "parse_move", "plan_rungs", "pointwise_move"]
+__all__ = [
+    "POINTWISE_PREFIX",
+    "PlannedMove",
+    "RungPlan",
+    "UnitCost",
+    "parse_move",
+    "plan_rungs",
+    "pointwise_move",
+]
 
 POINTWISE_PREFIX = "pointwise:"
 _TINY = 1e-9  # seconds: a move measured at no cost still sorts by its bytes
@@ -64,6 +73,29 @@ class UnitCost:
     pointwise_seconds: float | None = None
 
 
+class PlannedMove(NamedTuple):
+    """A move in the order the plan takes it.
+
+    Attributes:
+        name: the move (its unit for the full mode, :func:`pointwise_move` of it for the pointwise one).
+        freed: bytes it frees.
+        seconds: what its recompute costs.
+    """
+
+    name: str
+    freed: float
+    seconds: float
+
+
+class _Move(NamedTuple):
+    """A move as the plan weighs it: a :class:`PlannedMove` with the least it may free."""
+
+    name: str
+    freed: float
+    least: float
+    seconds: float
+
+
 @dataclass(frozen=True)
 class RungPlan:
     """The rungs (moves per rung, cheapest bytes first) and what each frees.
@@ -72,13 +104,13 @@ class RungPlan:
         rungs: the moves of each rung.
         savings: bytes each rung frees.
         least: the least each may free.
-        order: every move in the order taken, with its bytes and seconds.
+        order: every move in the order taken, with its bytes and seconds (:class:`PlannedMove`).
     """
 
     rungs: list[list[str]]
     savings: list[float]
     least: list[float]
-    order: list[tuple[str, float, float]]
+    order: list[PlannedMove]
 
 
 def plan_rungs(costs: Mapping[str, UnitCost], units: Sequence[str], max_rungs: int = 8) -> RungPlan:
@@ -111,7 +143,7 @@ def plan_rungs(costs: Mapping[str, UnitCost], units: Sequence[str], max_rungs: i
         raise ValueError(f"no costs for units {missing}")
     timed = all(costs[u].seconds is not None for u in units)
     rank = {u: i for i, u in enumerate(units)}
-    pending: dict[str, list[tuple[str, float, float, float]]] = {}
+    pending: dict[str, list[_Move]] = {}
     for u in units:
         c = costs[u]
         seconds = c.seconds if timed and c.seconds is not None else 1.0
@@ -120,35 +152,39 @@ def plan_rungs(costs: Mapping[str, UnitCost], units: Sequence[str], max_rungs: i
             p_seconds = c.pointwise_seconds if timed and c.pointwise_seconds is not None else 0.5 * seconds
             p_seconds = min(max(p_seconds, _TINY), seconds)
             p_least = min(c.pointwise, c.full_least)
-            moves.append((pointwise_move(u), c.pointwise, p_least, p_seconds))
+            moves.append(_Move(pointwise_move(u), c.pointwise, p_least, p_seconds))
             rest = max(0.0, c.full - c.pointwise)
-            moves.append((u, rest, max(0.0, c.full_least - p_least), max(seconds - p_seconds, _TINY)))
+            moves.append(_Move(u, rest, max(0.0, c.full_least - p_least), max(seconds - p_seconds, _TINY)))
         else:
-            moves.append((u, max(0.0, c.full), max(0.0, c.full_least), max(seconds, _TINY)))
+            moves.append(_Move(u, max(0.0, c.full), max(0.0, c.full_least), max(seconds, _TINY)))
         pending[u] = moves
-    order: list[tuple[str, float, float, float]] = []
+
+    def price(u: str) -> tuple[float, int]:
+        """Bytes per second of ``u``'s next move, ties in ``units`` order."""
+        move = pending[u][0]
+        return move.freed / move.seconds, -rank[u]
+
+    order: list[_Move] = []
     while any(pending.values()):
-        ready = [(u, moves[0]) for u, moves in pending.items() if moves]
-        u, move = max(ready, key=lambda um: (um[1][1] / um[1][3], -rank[um[0]]))
-        order.append(move)
-        pending[u].pop(0)
-    total = sum(m[1] for m in order)
+        unit = max((name for name, moves in pending.items() if moves), key=price)
+        order.append(pending[unit].pop(0))
+    total = sum(move.freed for move in order)
     target = total / max_rungs
     rungs: list[list[str]] = []
     savings: list[float] = []
     least: list[float] = []
     seconds = 0.0
-    for name, freed, lower, cost in order:
+    for move in order:
         # a new rung once this one frees its share, or where the bytes get much dearer
-        dearer = rungs and freed * seconds < _DEARER * savings[-1] * cost
+        dearer = rungs and move.freed * seconds < _DEARER * savings[-1] * move.seconds
         full = rungs and savings[-1] >= target
-        if not rungs or (freed > 0 and len(rungs) < max_rungs and (full or dearer)):
+        if not rungs or (move.freed > 0 and len(rungs) < max_rungs and (full or dearer)):
             rungs.append([])
             savings.append(0.0)
             least.append(0.0)
             seconds = 0.0
-        rungs[-1].append(name)
-        savings[-1] += freed
-        least[-1] += lower
-        seconds += cost
-    return RungPlan(rungs, savings, least, [(m[0], m[1], m[3]) for m in order])
+        rungs[-1].append(move.name)
+        savings[-1] += move.freed
+        least[-1] += move.least
+        seconds += move.seconds
+    return RungPlan(rungs, savings, least, [PlannedMove(m.name, m.freed, m.seconds) for m in order])

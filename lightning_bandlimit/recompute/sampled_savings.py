@@ -2,7 +2,7 @@
 
 A profile taken with every unit checkpointed (a job that starts on its top rung beside peers)
 sees the stages but not what each unit keeps for backward: a checkpointed unit keeps only its
-input. The profile's recorded samples (:attr:`~lightning_bandlimit.recompute.stages.UnitProfile.inputs`)
+input. The profile's recorded samples (:attr:`~lightning_bandlimit.recompute.profile.UnitProfile.inputs`)
 are enough to measure it: each unit runs once plainly on them under a
 :class:`~lightning_bandlimit.recompute.saved_tensors.SavedTensorMeter`, and the bytes it saves
 other than its input (which a checkpointed unit keeps), measured on all the samples and on
@@ -26,9 +26,10 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from lightning_bandlimit.recompute.profile import UnitProfile
+from lightning_bandlimit.recompute.rungs import CheckpointRungs
 from lightning_bandlimit.recompute.running_stats import running_stats_kept
 from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
-from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile
 from lightning_bandlimit.recompute.switch import checkpoint, checkpoint_mode, uncheckpoint
 from lightning_bandlimit.recompute.trial import replayed
 
@@ -36,12 +37,12 @@ __all__ = ["sampled_savings", "sampled_unit_savings"]
 
 
 def sampled_savings(
-    stages: CheckpointStages, profile: UnitProfile, drop: Collection[str] = ()
+    stages: CheckpointRungs, profile: UnitProfile, drop: Collection[str] = ()
 ) -> list[int] | None:
     """Bytes checkpointing each stage of ``profile.stages(drop)`` frees, from the recorded samples.
 
     Args:
-        stages: the units (as :class:`CheckpointStages` holds them).
+        stages: the units (as :class:`CheckpointRungs` holds them).
         profile: a profile that recorded samples of each unit's input (``record > 0``); call
             before anything consumes :attr:`UnitProfile.inputs`.
         drop: units left out, as for :meth:`UnitProfile.stages`.
@@ -52,9 +53,9 @@ def sampled_savings(
 
     Example:
         >>> from lightning_bandlimit.models import cifar_resnet18
-        >>> from lightning_bandlimit.recompute.stages import checkpoint_units
+        >>> from lightning_bandlimit.recompute.unit_choice import checkpoint_units
         >>> model = cifar_resnet18(width=4)
-        >>> stages = CheckpointStages(checkpoint_units(model))
+        >>> stages = CheckpointRungs(checkpoint_units(model))
         >>> with stages.profile(exclude=model.parameters(), checkpointed=True, record=2) as profile:
         ...     _ = model(torch.rand(8, 3, 32, 32))
         >>> profile.savings()  # every unit ran checkpointed: nothing seen
@@ -69,7 +70,7 @@ def sampled_savings(
 
 
 def sampled_unit_savings(
-    stages: CheckpointStages, profile: UnitProfile, drop: Collection[str] = ()
+    stages: CheckpointRungs, profile: UnitProfile, drop: Collection[str] = ()
 ) -> dict[str, int] | None:
     """Bytes checkpointing each unit of ``profile.stages(drop)`` frees, from the recorded
     samples (as :func:`sampled_savings`, unit by unit); ``None`` when one is unknown."""

@@ -5,7 +5,7 @@ A plain ``nn.Sequential`` chain of layers has no block to checkpoint; like
 pooling layers, into segments that each end at a change of resolution. A :class:`Segment` names
 children ``[start, stop)`` of the chain; checkpointing one changes the chain's class to a
 subclass whose ``forward`` runs that range under ``torch.utils.checkpoint`` (made once per class,
-as :mod:`lightning_bandlimit.recompute.stages` does for modules), so the chain object, its
+as :mod:`lightning_bandlimit.recompute.switch` does for modules), so the chain object, its
 children, hooks and ``state_dict`` keys stay, and the last segment switched off gives it its
 own class back.
 """

@@ -2,7 +2,7 @@
 
 :func:`checkpoint` changes the class of a module object to a checkpointed subclass of its own
 class (made once per class); :func:`uncheckpoint` is the exact inverse. See
-:mod:`lightning_bandlimit.recompute.stages` for what runs while a unit is checkpointed.
+:mod:`lightning_bandlimit.recompute` for what runs while a unit is checkpointed.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def trial(
             likewise for float32 samples on a GPU that computes them in TF32
             (:func:`float32_eps`: cuDNN's default).
         autocast: ``(device_type, dtype)`` of the autocast the unit ran under in training
-            (:attr:`~lightning_bandlimit.recompute.stages.UnitProfile.autocast`): both runs use it,
+            (:attr:`~lightning_bandlimit.recompute.profile.UnitProfile.autocast`): both runs use it,
             so a ``bf16-mixed`` job's samples are tried as they were recorded.
 
     Example:
@@ -152,7 +152,7 @@ def _run(
 def replayed(args: tuple[Any, ...], autocast: tuple[str, torch.dtype] | None) -> Iterator[tuple[Any, ...]]:
     """Recorded samples ``args`` as fresh leaves (an in-place op in the unit must not change the
     samples), to call a unit with gradients on, under the training forward's ``autocast``
-    (``(device_type, dtype)``, as :attr:`~lightning_bandlimit.recompute.stages.UnitProfile.autocast`
+    (``(device_type, dtype)``, as :attr:`~lightning_bandlimit.recompute.profile.UnitProfile.autocast`
     records it) and with the job's random streams forked (left as they were afterwards)."""
     devices = sorted({t.device.index or 0 for t in pytree.tree_leaves(args) if _on_cuda(t)})
     call = pytree.tree_map_only(

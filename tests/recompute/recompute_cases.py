@@ -1,12 +1,13 @@
-"""Models, steps and counters the tests of :mod:`lightning_bandlimit.recompute`'s switch and stages share."""
+"""Models, steps and counters the tests of :mod:`lightning_bandlimit.recompute`'s switch, profile and
+rungs share."""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
-from lightning_bandlimit.recompute.stages import checkpoint_units
 from lightning_bandlimit.recompute.switch import checkpoint
+from lightning_bandlimit.recompute.unit_choice import checkpoint_units
 
 BLOCKS = [str(i) for i in range(3, 11)]  # cifar_resnet18's 8 residual blocks: Sequential indices 3..10
 

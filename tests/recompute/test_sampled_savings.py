@@ -10,8 +10,9 @@ import torchvision
 from torch import nn
 
 from lightning_bandlimit.models import cifar_resnet18
+from lightning_bandlimit.recompute.rungs import CheckpointRungs
 from lightning_bandlimit.recompute.sampled_savings import sampled_savings
-from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint_units
+from lightning_bandlimit.recompute.unit_choice import checkpoint_units
 
 
 def _profiles(
@@ -22,7 +23,7 @@ def _profiles(
     torch.manual_seed(0)
     model = make().to(memory_format=torch.channels_last)
     x = x.to(memory_format=torch.channels_last)
-    stages = CheckpointStages(checkpoint_units(model))
+    stages = CheckpointRungs(checkpoint_units(model))
     cast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
     with cast, stages.profile(exclude=model.parameters(), record=4) as plain:
         loss = model(x).float().sum()
@@ -69,7 +70,7 @@ def test_sampled_savings_bound_the_plain_profile_within_one_input(
 def test_sampled_savings_scale_with_the_batch_and_leave_the_model_as_it_was() -> None:
     torch.manual_seed(0)
     model = cifar_resnet18(width=4)
-    stages = CheckpointStages(checkpoint_units(model))
+    stages = CheckpointRungs(checkpoint_units(model))
     found = []
     for batch in (8, 32):
         with stages.profile(exclude=model.parameters(), checkpointed=True, record=2) as profile:
@@ -92,7 +93,7 @@ def test_sampled_savings_scale_with_the_batch_and_leave_the_model_as_it_was() ->
 
 def test_sampled_savings_are_unknown_without_samples_or_for_a_unit_that_fails_on_them() -> None:
     model = cifar_resnet18(width=4)
-    stages = CheckpointStages(checkpoint_units(model))
+    stages = CheckpointRungs(checkpoint_units(model))
     with stages.profile(exclude=model.parameters(), checkpointed=True) as profile:  # nothing recorded
         model(torch.rand(4, 3, 32, 32))
     assert sampled_savings(stages, profile) is None

@@ -19,8 +19,8 @@ from lightning_bandlimit.recompute.spectral import (
     block_plan,
     spectral_fallback,
 )
-from lightning_bandlimit.recompute.stages import checkpoint_units
 from lightning_bandlimit.recompute.switch import checkpoint, uncheckpoint
+from lightning_bandlimit.recompute.unit_choice import checkpoint_units
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

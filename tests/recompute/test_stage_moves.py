@@ -1,5 +1,5 @@
-"""Rungs of moves (:class:`lightning_bandlimit.recompute.stages.CheckpointStages` with pointwise and
-full moves) and the profile that plans them (:class:`~lightning_bandlimit.recompute.stages.UnitProfile`):
+"""Rungs of moves (:class:`lightning_bandlimit.recompute.rungs.CheckpointRungs` with pointwise and
+full moves) and the profile that plans them (:class:`~lightning_bandlimit.recompute.profile.UnitProfile`):
 modes per rung, read back, removed; what a unit's pointwise mode frees, measured; the plan exact."""
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from torch import nn
 
 from lightning_bandlimit.models import cifar_resnet18
 from lightning_bandlimit.recompute.plan import parse_move
+from lightning_bandlimit.recompute.profile import UnitProfile
+from lightning_bandlimit.recompute.rungs import CheckpointRungs
 from lightning_bandlimit.recompute.saved_tensors import SavedTensorMeter
-from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile, checkpoint_units
 from lightning_bandlimit.recompute.switch import checkpoint, checkpoint_mode, uncheckpoint
+from lightning_bandlimit.recompute.unit_choice import checkpoint_units
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -29,13 +31,13 @@ EXPECTED = [
 ]
 
 
-def _modes(stages: CheckpointStages) -> dict[str, str]:
+def _modes(stages: CheckpointRungs) -> dict[str, str]:
     return {n: m for n, u in stages.units.items() if (m := checkpoint_mode(u)) is not None}
 
 
-def _stages(moves: list[list[str]] = MOVES) -> tuple[nn.Module, CheckpointStages]:
+def _stages(moves: list[list[str]] = MOVES) -> tuple[nn.Module, CheckpointRungs]:
     model = cifar_resnet18(width=4)
-    stages = CheckpointStages(checkpoint_units(model))
+    stages = CheckpointRungs(checkpoint_units(model))
     stages.set_stages(moves)
     return model, stages
 
@@ -80,7 +82,7 @@ def test_rung_reads_the_units_not_a_stored_number() -> None:
 
 def test_apply_checks_its_rung_and_set_stages_its_units() -> None:
     model = cifar_resnet18(width=4)
-    stages = CheckpointStages(checkpoint_units(model))
+    stages = CheckpointRungs(checkpoint_units(model))
     assert stages.rung == 0 and stages.units_at(3) == 0 and stages.modes_at(2) == {}
     with pytest.raises(RuntimeError, match="before set_stages"):
         stages.apply(1)
@@ -253,7 +255,7 @@ def test_the_plan_covers_every_unit_and_its_top_rung_is_all_full(profiled: dict)
     assert all(parse_move(m)[1] == "full" for r in profile.plan(pointwise=False).rungs for m in r)
     no_pw = profile.plan(no_pointwise=["3", "4"])
     assert not {"pointwise:3", "pointwise:4"} & {m for r in no_pw.rungs for m in r}
-    stages = CheckpointStages(units)
+    stages = CheckpointRungs(units)
     stages.set_stages(plan.rungs)
     top = len(plan.rungs)
     stages.apply(top)
@@ -266,7 +268,7 @@ def test_the_plan_covers_every_unit_and_its_top_rung_is_all_full(profiled: dict)
 def test_every_rung_of_the_plan_gives_rung_zeros_gradients(profiled: dict) -> None:
     model, units, x = profiled["model"], profiled["units"], profiled["x"]
     plan = profiled["profile"].plan()
-    stages = CheckpointStages(units)
+    stages = CheckpointRungs(units)
     stages.set_stages(plan.rungs)
     grads, kept = [], []
     try:

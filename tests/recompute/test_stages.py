@@ -1,5 +1,6 @@
-"""The units a model checkpoints, their profile and the stages the ladder's rungs checkpoint
-(:mod:`lightning_bandlimit.recompute.stages`)."""
+"""The units a model checkpoints (:mod:`lightning_bandlimit.recompute.unit_choice`), their profile
+(:mod:`lightning_bandlimit.recompute.profile`) and the rungs that checkpoint them, by stage
+(:mod:`lightning_bandlimit.recompute.rungs`)."""
 
 import copy
 
@@ -11,8 +12,10 @@ from torch import nn
 
 from lightning_bandlimit.models import cifar_resnet18, small_cnn
 from lightning_bandlimit.models.backbones import _BasicBlock
-from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile, checkpoint_units
+from lightning_bandlimit.recompute.profile import UnitProfile
+from lightning_bandlimit.recompute.rungs import CheckpointRungs
 from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed
+from lightning_bandlimit.recompute.unit_choice import checkpoint_units
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -126,7 +129,7 @@ def test_unit_profile_stages_sorted_by_resolution() -> None:
 
 def test_checkpoint_stages_apply() -> None:
     model = cifar_resnet18(width=4).train()
-    stages = CheckpointStages(checkpoint_units(model))
+    stages = CheckpointRungs(checkpoint_units(model))
     with pytest.raises(RuntimeError, match="set_stages"):
         stages.apply(1)
     with stages.profile(exclude=model.parameters()) as profile:
@@ -168,7 +171,7 @@ def test_unit_profile_of_checkpointed_units_finds_the_same_stages() -> None:
 def test_checkpoint_stages_from_saved_names_without_a_profile() -> None:
     # A resumed run restores the stages its checkpoint names instead of profiling a step.
     model = cifar_resnet18(width=4).train()
-    measured = CheckpointStages(checkpoint_units(model))
+    measured = CheckpointRungs(checkpoint_units(model))
     with measured.profile(exclude=model.parameters()) as profile:
         model(torch.rand(2, 3, 32, 32))
     measured.set_stages(profile.stages())
@@ -176,7 +179,7 @@ def test_checkpoint_stages_from_saved_names_without_a_profile() -> None:
     measured.release()
     resumed_model = copy.deepcopy(model).double()
     plain = copy.deepcopy(resumed_model)
-    resumed = CheckpointStages(checkpoint_units(resumed_model))
+    resumed = CheckpointRungs(checkpoint_units(resumed_model))
     resumed.set_stages(saved)
     resumed.apply(3)
     assert resumed.stages == saved and resumed.rung == 3
@@ -187,7 +190,7 @@ def test_checkpoint_stages_from_saved_names_without_a_profile() -> None:
 
 def test_checkpoint_stages_profile_unchecks_every_unit() -> None:
     model = cifar_resnet18(width=4).train()
-    stages = CheckpointStages(checkpoint_units(model))
+    stages = CheckpointRungs(checkpoint_units(model))
     stages.set_stages([["3", "4"], ["5", "6"], ["7", "8"], ["9", "10"]])
     stages.apply(4)
     profile = stages.profile(exclude=model.parameters())

@@ -19,8 +19,8 @@ from torch import nn
 from lightning_bandlimit.layers.surgery import bandlimit
 from lightning_bandlimit.models import cifar_resnet18
 from lightning_bandlimit.recompute import switch
-from lightning_bandlimit.recompute.stages import checkpoint_units
 from lightning_bandlimit.recompute.switch import checkpoint, is_checkpointed, uncheckpoint
+from lightning_bandlimit.recompute.unit_choice import checkpoint_units
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

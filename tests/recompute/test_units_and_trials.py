@@ -12,10 +12,11 @@ from torch import nn
 
 from lightning_bandlimit import bandlimit
 from lightning_bandlimit.recompute.arguments import checkpoint_call
+from lightning_bandlimit.recompute.rungs import CheckpointRungs
 from lightning_bandlimit.recompute.segments import Segment
-from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint_units
 from lightning_bandlimit.recompute.switch import checkpoint, uncheckpoint
 from lightning_bandlimit.recompute.trial import float32_eps, trial
+from lightning_bandlimit.recompute.unit_choice import checkpoint_units
 
 trial_module = importlib.import_module(
     "lightning_bandlimit.recompute.trial"
@@ -104,7 +105,7 @@ def test_segments_are_exact_and_switch_back() -> None:
             m.p = 0.0
     assert _all_units_exact(model, torch.randn(2, 3, 32, 32, dtype=torch.float64)) == 5
     assert type(model.features) is nn.Sequential
-    stages = CheckpointStages(checkpoint_units(model))
+    stages = CheckpointRungs(checkpoint_units(model))
     with stages.profile(exclude=model.parameters()) as profile:
         model(torch.randn(2, 3, 32, 32, dtype=torch.float64))
     stages.set_stages(profile.stages())
