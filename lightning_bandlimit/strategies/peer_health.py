@@ -35,7 +35,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from lightning_bandlimit.health.exit import before_close
-from lightning_bandlimit.health.heartbeat import Hang, PeerWatchdog, exit_hung
+from lightning_bandlimit.health.hangs import Hang
+from lightning_bandlimit.health.heartbeat import PeerWatchdog, exit_hung
 from lightning_bandlimit.health.reap import identity, kill_if_local
 from lightning_bandlimit.health.stragglers import Straggler, StragglerDetector
 from lightning_bandlimit.strategies.preemption import EXIT_STATUS

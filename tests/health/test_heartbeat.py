@@ -17,7 +17,9 @@ import pytest
 import torch.distributed as dist
 
 import lightning_bandlimit
-from lightning_bandlimit.health.heartbeat import HUNG_EXIT_CODE, Beat, Hang, HangJudge, PeerWatchdog
+from lightning_bandlimit.health.beat import Beat
+from lightning_bandlimit.health.hangs import Hang, HangJudge
+from lightning_bandlimit.health.heartbeat import HUNG_EXIT_CODE, PeerWatchdog
 
 HANG_TIMEOUT = 1.0
 INTERVAL = 0.05
@@ -456,7 +458,8 @@ import atexit, sys, types
 package = types.ModuleType("lightning_bandlimit")  # the package without its __init__ (torch: seconds)
 package.__path__ = [{path!r}]
 sys.modules["lightning_bandlimit"] = package
-from lightning_bandlimit.health.heartbeat import Hang, exit_hung
+from lightning_bandlimit.health.hangs import Hang
+from lightning_bandlimit.health.heartbeat import exit_hung
 atexit.register(lambda: sys.stderr.write("atexit ran\\n"))
 sys.stdout.write("printed before")  # buffered (a pipe), no newline: exit_hung flushes it
 exit_hung(Hang(1, 12, 61.0, 60.0, "rank 1 has not advanced past step 12", seen_by=0))
