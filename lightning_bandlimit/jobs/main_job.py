@@ -125,7 +125,7 @@ def _verdict(plain: JobResult, ladder: JobResult, limited: JobResult, budget: in
         "wall time <= 1.15x plain": ladder.wall_s <= 1.15 * plain.wall_s,
     }
     lines.append(
-        "  ladder targets (one seed, no interval; benchmarks/multitenant.py has 3 seeds): "
+        "  ladder targets (one seed, no interval; benchmarks/tenants/multitenant.py has 3 seeds): "
         + ", ".join(f"{k} {'PASS' if ok else 'FAIL'}" for k, ok in targets.items())
     )
     return lines
@@ -350,8 +350,8 @@ def main(
         "that freed tensors leave the resident set; with glibc's default heap it keeps its high-water mark.\n"
         "One seed (the recipe's seed_everything): accuracies move by several points between seeds on this "
         "budget;\n"
-        "python benchmarks/multitenant.py gives 3 seeds per setting with mean +- std. What it cannot show: a "
-        "GPU's\n"
+        "python -m benchmarks.tenants.multitenant gives 3 seeds per setting with mean +- std. What it "
+        "cannot show: a GPU's\n"
         "allocator (no GPU here), or a co-tenant that grows faster than one check (one step)."
     )
     verdict = _verdict(plain, ladder, adaptive, budget)

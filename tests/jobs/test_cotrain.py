@@ -60,7 +60,7 @@ def test_two_coordinated_jobs_measure_each_other_and_leave_the_ledger(tmp_path: 
 
 def test_a_peer_counts_at_the_larger_of_its_resident_set_and_its_last_step_peak(tmp_path: Path) -> None:
     """What a GPU's caching allocator holds between steps, so a peer's phase is not growth."""
-    from lightning_bandlimit.jobs.multitenant import _register
+    from lightning_bandlimit.jobs.multitenant.run import _register
     from lightning_bandlimit.memory.process import resident_bytes
 
     def spec(name: str) -> JobSpec:
@@ -85,7 +85,7 @@ def test_warm_data_loads_every_training_and_validation_example_before_the_first_
     from types import SimpleNamespace
 
     from lightning_bandlimit.data import SyntheticImageDataModule
-    from lightning_bandlimit.jobs.multitenant import _WarmData
+    from lightning_bandlimit.jobs.multitenant.run import _WarmData
 
     data = SyntheticImageDataModule(train_size=12, val_size=5, test_size=3, batch_size=4)
     data.setup("fit")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lightning_bandlimit.jobs.main_job import _cli, main
-from lightning_bandlimit.jobs.multitenant import _main as multitenant_main
+from lightning_bandlimit.jobs.multitenant.command import main as multitenant_main
 
 # 32 sanity samples (the recipe's default): with 8, one sample the 10-step model gets right by
 # luck under the large-budget PGD was 0.125 > chance and failed about one run in three.
