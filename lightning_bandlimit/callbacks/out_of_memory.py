@@ -1,4 +1,6 @@
-"""The out-of-memory backstop: recognise an out-of-memory error, free what it left, retry once.
+"""The out-of-memory backstop: free what an out-of-memory error left, retry once (the error
+recognised by :func:`~lightning_bandlimit.utils.out_of_memory.is_out_of_memory`, the package's one
+test, which the micro-batch split trial uses too).
 
 :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` wraps the LightningModule's
 ``training_step`` with :func:`guard_training_step`: an out-of-memory error raised in it calls the
@@ -13,24 +15,12 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from lightning.pytorch.utilities.memory import garbage_collection_cuda, is_oom_error
+from lightning.pytorch.utilities.memory import garbage_collection_cuda
 
 from lightning_bandlimit.memory.process import release_cached_memory
+from lightning_bandlimit.utils.out_of_memory import is_out_of_memory
 
-__all__ = ["free_memory", "guard_fit", "guard_training_step", "is_out_of_memory", "unguard_training_step"]
-
-
-def is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` says a device or the host ran out of memory."""
-    if is_oom_error(error):
-        return True
-    # Lightning's test wants a one-argument RuntimeError naming CUDA or DefaultCPUAllocator; this
-    # also catches host MemoryError, a CUDA OOM error raised with other arguments, other devices'
-    # "out of memory" (MPS, XPU) and allocators' "can't allocate memory".
-    if isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)):
-        return True
-    text = str(error)
-    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+__all__ = ["free_memory", "guard_fit", "guard_training_step", "unguard_training_step"]
 
 
 def free_memory(device: torch.device | None) -> None:

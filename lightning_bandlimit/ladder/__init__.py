@@ -3,11 +3,19 @@
 * :mod:`.setting`: a point of the ladder (:class:`Setting`), a :class:`Decision`, the reading
   decided from.
 * :mod:`.reasons`: why a decision was taken, and its logged code.
-* :mod:`.memory_model`: peak memory against compression, learned online.
-* :mod:`.learned`: what the ladder measured per rung and compression, and its predictions.
+* :mod:`.memory_model`: peak memory against a lever's setting (a rung, a compression), learned
+  online.
+* :mod:`.splits`: what the ladder measured of the micro-batch splits on the top rung.
+* :mod:`.exact`: the exact points over (rung, split), what was measured on them, and the
+  predictions, hints and bounds made from it.
+* :mod:`.learned`: :class:`LadderModel`, the exact points with the compression continuum: the
+  observations, the baseline, and the one rule that forgets what a change moved.
 * :mod:`.growth`: others' memory growth between checks, and the trend expected of it.
+* :mod:`.moves`: where a move goes (up under pressure or after an out-of-memory error, down on a
+  release, room for a newcomer; one escalation path).
 * :mod:`.controller`: :class:`LadderController`, the decisions (pressure, hold, release, an
-  out-of-memory retry; one escalation path); with ``rungs=0`` the compression-only ladder.
+  out-of-memory retry) over rungs, splits and compression; with ``rungs=0`` the
+  compression-only ladder.
 
 Example:
     >>> from lightning_bandlimit.memory import ScriptedProbe

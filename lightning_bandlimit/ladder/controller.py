@@ -1,12 +1,18 @@
-"""Exact levers first, lossy last: one controller over activation checkpointing and compression.
+"""Exact levers first, lossy last: one controller over activation checkpointing, micro-batch
+splits and compression.
 
 A job's memory levers form a ladder of settings, least lossy first:
 
 * **exact rungs** ``0 .. rungs`` at the floor compression: rung 0 checkpoints nothing, rung
   ``r`` checkpoints the model's first ``r`` stages (highest resolution first). Gradients are
   exact on every rung; each costs a measured amount of step time (the recompute).
-* **the compression continuum** above the floor (lossy), on the **lossy rung**: the top rung
-  when the checkpointed blocks keep only their kept spectrum
+* **micro-batch splits** on the top rung (:meth:`~LadderModel.on_splits_chosen`: the splits a
+  trial found exact, e.g. 2, 4, 8): the step's batch runs in that many chunks, the optimizer
+  stepping once, so the activations shrink with the chunk; exact too (up to BatchNorm's
+  statistics), the slowest of the exact levers. The rungs, then the splits, are the **exact
+  points** (:mod:`~lightning_bandlimit.ladder.exact`).
+* **the compression continuum** above the floor (lossy), at the largest split, on the **lossy
+  rung**: the top rung when the checkpointed blocks keep only their kept spectrum
   (:mod:`lightning_bandlimit.recompute.spectral`; :meth:`LadderController.on_continuum_chosen`),
   so that more compression also shrinks what the checkpointed blocks keep and the continuum
   goes on where the exact rungs stop; else rung 0, because a block checkpointed the ordinary
@@ -17,11 +23,14 @@ A job's memory levers form a ladder of settings, least lossy first:
 The controller is plain Python (no Lightning, no torch). Its state changes only through its
 methods, each named for the event it takes: a measured step (:meth:`~LadderModel.observe`,
 :meth:`~LadderModel.observe_time`), the stages measured or counted
-(:meth:`~LadderModel.on_stages_measured`, :meth:`~LadderModel.on_continuum_chosen`), the ranks agreeing
-(:meth:`~LadderModel.on_ranks_agreed`), a check (:meth:`LadderController.decide`, fed one
+(:meth:`~LadderController.on_stages_measured`, :meth:`~LadderModel.on_continuum_chosen`), the splits
+tried (:meth:`~LadderModel.on_splits_chosen`), the ranks agreeing on the top rung, the continuum and
+the splits (:meth:`~LadderModel.on_ranks_agreed`), a check (:meth:`LadderController.decide`, fed one
 :class:`~lightning_bandlimit.ladder.setting.FreeMemory` reading and the memory of peers), a change
 it did not decide (:meth:`LadderController.on_outside_change`) and an out-of-memory error
-(:meth:`LadderController.on_oom`). A check decides with thresholds, hysteresis and a cooldown:
+(:meth:`LadderController.on_oom`: the top rung if below it, then the largest split, then more
+compression, which releases never go below again). A check decides with thresholds, hysteresis
+and a cooldown (where each move goes: :mod:`~lightning_bandlimit.ladder.moves`):
 
 * **Pressure** (free below ``min_free``): the least lossy setting predicted to free the missing
   bytes (plus the *surprise*: how much more the job measured at the setting it changed to than
@@ -35,10 +44,14 @@ it did not decide (:meth:`LadderController.on_outside_change`) and an out-of-mem
   predicted conservatively, as freeing nothing over the measured rung below it, wherever the
   ladder relies on a prediction (to stop climbing, to compress, to release). Which unvisited
   rung to try first is hinted by the bytes its stages keep for backward (measured once,
-  :meth:`~LadderModel.on_stages_measured`), discounted by what the last climb freed of its
+  :meth:`~LadderController.on_stages_measured`), discounted by what the last climb freed of its
   stage's bytes, once more for each stage further up (returns diminish: the step's peak moves
   away from the stages): the least rung they say is enough, exact either way, else the top
-  rung at once (exact, and the most any rung frees). Beyond the top rung the
+  rung at once (exact, and the most any rung frees). Beyond the top rung the splits on it, the
+  same way: the least split measured, else hinted (its peak ``G + A / split`` through the
+  measured splits, :class:`~lightning_bandlimit.ladder.splits.SplitMemory`), to be enough, else
+  the largest split at once while it was not measured (a split not measured is predicted
+  conservatively too: freeing nothing over the split below it). Beyond the largest split the
   least compression its learned memory-versus-compression model predicts to fit, and only one
   predicted to need less than every smaller compression (a compression that costs memory is
   never picked), and ``max_compression`` when the model says none is enough; with no model
@@ -46,20 +59,22 @@ it did not decide (:meth:`LadderController.on_outside_change`) and an out-of-mem
   ``max_compression`` (only a large compression is sure to free more than the top rung did),
   and after a raise measured not to lower memory ``max_compression`` at once (never a second
   step into the unknown while over budget), given back at the next release as far as the
-  model then learned allows. No lossy change is made for a shortfall within the noise of the
-  job's own peak (:attr:`~LadderModel.peak_noise`: the most it moved between consecutive checks
-  at one setting, lately) while that much is still free: a host's resident set moves by about
-  a MiB between steps, and a compression would cost accuracy for a shortfall the measurement
-  cannot tell from none (the exact rungs still take any shortfall; a surprise counts only
-  beyond that noise too).
+  model then learned allows. No lossy change and no split is made for a shortfall within the
+  noise of the job's own peak (:attr:`~LadderModel.peak_noise`: the most it moved between
+  consecutive checks at one setting, lately) while that much is still free: a host's resident
+  set moves by about a MiB between steps, and a compression would cost accuracy (a split,
+  time) for a shortfall the measurement cannot tell from none (the exact rungs still take any
+  shortfall; a surprise counts only beyond that noise too).
 * **Hold** between ``min_free`` and ``release_free``.
 * **Release** (``release_checks`` calm checks and a cooldown): the lossy part first (to the
-  fastest exact rung predicted to keep ``release_free`` free, else to the least compression
-  predicted to, else by ``lower_step``), then the exact rungs, to the lowest rung predicted to
-  keep it free (else one rung), so a job with no pressure runs at plain speed. Going down, a
-  rung not visited yet is bounded by the stages' saved bytes: un-checkpointing a stage adds at
-  most what it keeps for backward, so a job that started on its top rung (beside peers) goes
-  down to rung 0 in one change when that much is spare, not one rung at a time.
+  fastest exact point measured to keep ``release_free`` free, else to the least compression
+  predicted to, else by ``lower_step``), then the splits, to the fastest exact point with fewer
+  chunks predicted to keep it free (a chunk ``m`` times larger keeps at most ``m`` times the
+  increment where not measured; else one split down), then the exact rungs, to the lowest rung
+  predicted to keep it free (else one rung), so a job with no pressure runs at plain speed.
+  Going down, a rung not visited yet is bounded by the stages' saved bytes: un-checkpointing a
+  stage adds at most what it keeps for backward, so a job that started on its top rung (beside
+  peers) goes down to rung 0 in one change when that much is spare, not one rung at a time.
 
 ``max_slowdown`` caps the time cost: a rung whose measured step time exceeds it (relative to
 rung 0) and every rung above it leave the ladder; the continuum then starts below them. A rung
@@ -80,8 +95,8 @@ from dataclasses import replace
 from typing import Any
 
 from lightning_bandlimit.ladder.growth import OthersGrowth
-from lightning_bandlimit.ladder.learned import LadderModel
 from lightning_bandlimit.ladder.memory_model import threshold_bytes
+from lightning_bandlimit.ladder.moves import LadderMoves
 from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
 from lightning_bandlimit.ladder.setting import (
     Decision,
@@ -95,7 +110,7 @@ from lightning_bandlimit.utils.validation import check_int, check_real
 __all__ = ["LadderController"]
 
 
-class LadderController(LadderModel):
+class LadderController(LadderMoves):
     """Maps memory readings to ladder settings (see the module docstring).
 
     Args:
@@ -255,169 +270,6 @@ class LadderController(LadderModel):
         """
         low = self.min_free_bytes or 0
         return free - low * (1 + self.margin) - self.peak_noise
-
-    @property
-    def _safe_end(self) -> Setting:
-        """The setting that needs the least memory: the most compression, else the top rung."""
-        if self.lossy:
-            return Setting(self.lossy_rung, self.max_compression, split=self.lossy_split)
-        return Setting(self.top, self.min_compression, split=self.lossy_split)
-
-    def _escalate(self, current: Setting, deficit: float, sure: bool) -> Setting:
-        """The setting for a shortfall of ``deficit`` bytes at ``current``. ``sure``: the job would
-        overdraw by the next check if the change freed nothing: no unvisited point tried unhinted."""
-        if current.compression <= self.min_compression and current.rung > self.top:
-            current = replace(current, rung=self.top)  # above rungs that left the ladder (idle, slow)
-        peak = self.predict(current)
-        points = self.exact_points()
-        if current in points and current != points[-1]:  # an exact point, a higher one left
-            if peak is not None and (point := self._least_point_freeing(current, peak, deficit)) is not None:
-                return point
-            # a point not visited may fit (its saving is unknown), or nothing else is known, or
-            # no lever is left above: the whole exact lever at once (checkpointing, then splits)
-            unknown_top = self.top not in self.rung_memory.points or peak is None
-            below_top = current.split == 1 and current.rung < self.top
-            if below_top and ((not self.lossy and not self.splits) or (not sure and unknown_top)):
-                return Setting(self.top, self.min_compression)
-            unknown_split = self.lossy_split not in self.split_memory.points or peak is None
-            if self.splits and (not self.lossy or (not sure and unknown_split)):
-                return Setting(self.top, self.min_compression, split=self.lossy_split)
-        if not self.lossy:
-            return self._safe_end
-        if peak is not None:
-            above = [
-                c
-                for c in self._grid(self.min_compression, self.max_compression)[1:]
-                if c > current.compression
-            ]
-            if (fitting := self._least_compression(peak - deficit, above)) is not None:
-                return Setting(self.lossy_rung, fitting, split=self.lossy_split)
-            if self.compression_memory.predict(self.max_compression) is not None:
-                return self._safe_end  # the model predicts no compression frees enough: the most there is
-        return self._compress_unknown(current, leaves_rung=self.top > 0 or bool(self.splits))
-
-    def _retry_after_oom(self, current: Setting) -> Setting:
-        """The setting to retry a step that ran out of memory at ``current`` (the shortfall
-        unknown): the top rung if below it, else more compression (from any rung)."""
-        if current.compression <= self.min_compression:
-            if current.split == 1 and current.rung < self.top:
-                return Setting(self.top, self.min_compression)
-            if current.split < self.lossy_split:  # on the top rung: the most exact lever at once
-                return Setting(self.top, self.min_compression, split=self.lossy_split)
-        if not self.lossy:
-            return self._safe_end
-        leaves = self.top > 0 or current.rung > 0 or bool(self.splits)
-        return self._compress_unknown(current, leaves_rung=leaves)
-
-    def _compress_unknown(self, current: Setting, leaves_rung: bool) -> Setting:
-        """More compression where the memory model cannot say how much is enough."""
-        exact = current.compression <= self.min_compression
-        if exact and leaves_rung and not self.continuum_on_top:
-            # past the exact rungs to the continuum on rung 0, nothing known of it: only a large
-            # compression is sure to free more than the checkpointed rung did
-            return Setting(0, self.max_compression, split=self.lossy_split)
-        if self._raise_did_not_lower(current):
-            return self._safe_end  # not another step into the unknown
-        raised = self.clamp(current.compression + self.raise_step)
-        return Setting(self.lossy_rung, raised, split=self.lossy_split)
-
-    def _raise_did_not_lower(self, current: Setting) -> bool:
-        """Whether ``current``'s compression was measured to need no less than a smaller one."""
-        on_continuum = current.rung == self.lossy_rung and current.split == self.lossy_split
-        if not on_continuum or current.compression <= self.min_compression:
-            return False
-        points = self.compression_memory.points
-        key = min(points, key=lambda c: abs(c - current.compression), default=None)
-        if key is None or abs(key - current.compression) > 1e-6:
-            return False
-        return any(c < key and m <= points[key] for c, m in points.items())
-
-    def _release(self, current: Setting, spare: float) -> Setting:
-        peak = self.predict(current)
-        measured = self.rung_memory.points
-        floor = max(self.min_compression, self.oom_floor)
-        if current.compression > self.min_compression:
-            if peak is not None and self.oom_floor <= self.min_compression:
-                for point in self.exact_points():  # fastest measured exact point first
-                    at = self.measured(point)
-                    if at is not None and at <= peak + spare:
-                        return point
-            if current.compression <= floor:
-                return current
-            # least compression whose extra memory fits the spare
-            fitting = (
-                None
-                if peak is None
-                else self._least_compression(peak + spare, self._grid(floor, current.compression))
-            )
-            target = max(current.compression - self.lower_step if fitting is None else fitting, floor)
-            lowered = self.clamp(min(target, current.compression))
-            return Setting(self.lossy_rung, lowered, split=self.lossy_split)
-        if current.split > 1:
-            return self._release_split(current, peak, spare)
-        if current.rung == 0:
-            return current
-        for rung in range(current.rung):  # fastest rung first, measured or bounded
-            if peak is not None and self._added(rung, current.rung, peak) <= spare:
-                return Setting(rung, current.compression)
-        if peak is not None and current.rung - 1 in measured:
-            return current  # predicted not to fit: hold
-        return Setting(current.rung - 1, current.compression)  # not visited yet: one rung, to learn it
-
-    def _release_split(self, current: Setting, peak: float | None, spare: float) -> Setting:
-        """Down from a split (on the top rung): to the fastest exact point with fewer chunks
-        whose memory (measured, else bounded: a chunk ``m`` times larger keeps at most ``m``
-        times the increment) fits the spare; else one split down, to learn it, unless measured
-        not to fit."""
-        lower = [p for p in self.exact_points() if p.split < current.split]  # fastest first
-        if not lower:
-            return replace(current, split=1)
-        if peak is not None:
-            for point in lower:
-                if self._added_to(point, current, peak) <= spare:
-                    return point
-        below = lower[-1]  # the next smaller split, or the top rung's whole batch
-        return current if peak is not None and self.measured(below) is not None else below
-
-    def make_room(self, current: Setting, deficit: float) -> Setting:
-        """The least exact rung above ``current`` predicted (measured, else hinted) to free
-        ``deficit`` bytes; else the next rung not measured yet, to be measured before the next
-        move (room for memory not measured yet, such as another job's arrival, is not urgent:
-        the newcomer waits, and the rungs learned on the way, the idle ones among them, serve
-        this job and a later run of its model); else the top rung. Never a compression
-        (``current`` when no exact rung is left).
-
-        Example:
-            >>> ladder = LadderController(rungs=3, min_free=100)
-            >>> ladder.on_stages_measured([300.0, 100.0, 50.0]); ladder.observe(Setting(0, 0.0), 1000)
-            >>> ladder.make_room(Setting(0, 0.0), 200.0)  # rung 1's stage keeps 300: hinted enough
-            Setting(rung=1, compression=0.0)
-            >>> ladder.make_room(Setting(0, 0.0), 5000.0)  # none is: one rung, measured first
-            Setting(rung=1, compression=0.0)
-            >>> ladder.observe(Setting(1, 0.0), 700); ladder.make_room(Setting(1, 0.0), 5000.0)
-            Setting(rung=2, compression=0.0)
-        """
-        points = self.exact_points()
-        if current not in points or current == points[-1]:
-            return current
-        peak = self.predict(current)
-        if peak is None:
-            return Setting(self.top, self.min_compression)
-        if (point := self._least_point_freeing(current, peak, deficit)) is not None:
-            return point
-        above = points[points.index(current) + 1 :]
-        unvisited = [p for p in above if self.measured(p) is None]
-        return unvisited[0] if unvisited else points[-1]
-
-    def _least_point_freeing(self, current: Setting, peak: float, deficit: float) -> Setting | None:
-        """The least exact point above ``current`` (at ``peak``) measured, else hinted, to free
-        ``deficit``."""
-        points = self.exact_points()
-        for point in points[points.index(current) + 1 :]:
-            hinted = self.hinted(point, peak)
-            if hinted is not None and peak - hinted >= deficit:
-                return point
-        return None
 
     def _shift(self, delta: float) -> None:
         super()._shift(delta)

@@ -1,4 +1,13 @@
-"""The job's peak memory as a function of a lever's setting, learned online."""
+"""The job's peak memory as a function of a lever's setting, learned online.
+
+:class:`MemoryModel` learns a peak per point of one lever: per rung at the floor compression
+(``resolution=1``, the exact rungs on the whole batch) and per compression of the continuum (on
+the lossy rung, at the largest micro-batch split). The splits' own peaks follow another shape
+(``G + A / split``: what the activations take shrinks with the chunk) and are learned by
+:class:`~lightning_bandlimit.ladder.splits.SplitMemory`; all three sit in
+:class:`~lightning_bandlimit.ladder.learned.LadderModel`. :func:`threshold_bytes` turns a
+free-memory threshold into bytes.
+"""
 
 from __future__ import annotations
 

@@ -19,7 +19,6 @@ logs nothing during it. What the user's model does wrong is returned as a reason
 from __future__ import annotations
 
 import contextlib
-import copy
 import gc
 import math
 import random
@@ -36,10 +35,12 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torchmetrics import Metric
 
+from lightning_bandlimit.microbatch._torchmetrics import metric_state, restore_metric_state
 from lightning_bandlimit.microbatch.chunks import batch_size, split_batch
 from lightning_bandlimit.microbatch.step import step_loss
 from lightning_bandlimit.recompute.running_stats import running_stats_kept
 from lightning_bandlimit.recompute.trial import float32_eps
+from lightning_bandlimit.utils.out_of_memory import is_out_of_memory
 
 __all__ = ["SplitTrial", "split_trial"]
 
@@ -49,7 +50,6 @@ _FLOAT32_TOLERANCE = 1e-4
 _HALF_TOLERANCE = 3e-2  # 16-bit parameters or autocast to a 16-bit type
 _SUMMED_SLACK = 0.1  # a summed loss: the gradients' norm ratio within 10 % of what a sum gives
 _HALF = (torch.float16, torch.bfloat16)
-_METRIC_EXTRAS = ("_update_count", "_computed", "_forward_cache")
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def split_trial(
         tolerance = _tolerance(params, device, context)
         result = _trial(pl_module, batch, batch_idx, split, context, params, tolerance)
     except Exception as error:
-        out_of_memory = _is_out_of_memory(error)
+        out_of_memory = is_out_of_memory(error)
         what = "out of memory" if out_of_memory else f"{type(error).__name__}: {_first_line(error)}"
         result = SplitTrial(math.nan, tolerance, None, f"the split could not be tried: {what}")
     if out_of_memory:  # the error and its frames are gone here: their tensors can be freed
@@ -330,7 +330,7 @@ def _untouched(module: nn.Module, device: torch.device) -> Iterator[None]:
     """The run as it was after the block: random streams, ``training`` flags, torchmetrics states;
     ``log``/``log_dict`` do nothing inside it."""
     flags = [(m, m.training) for m in module.modules()]
-    metrics = [(m, _metric_state(m)) for m in module.modules() if isinstance(m, Metric)]
+    metrics = [(m, metric_state(m)) for m in module.modules() if isinstance(m, Metric)]
     patched = {name: vars(module).get(name, _MISSING) for name in ("log", "log_dict")}
     python_state, numpy_state = random.getstate(), np.random.get_state()
     devices = [device.index or 0] if device.type == "cuda" else []
@@ -348,15 +348,9 @@ def _untouched(module: nn.Module, device: torch.device) -> Iterator[None]:
         for m, flag in flags:
             m.training = flag
         for metric, state in metrics:
-            for name, value in state.items():
-                setattr(metric, name, value)
+            restore_metric_state(metric, state)
         random.setstate(python_state)
         np.random.set_state(numpy_state)
-
-
-def _metric_state(metric: Metric) -> dict[str, Any]:
-    names = [*metric._defaults, *(name for name in _METRIC_EXTRAS if hasattr(metric, name))]
-    return {name: copy.deepcopy(getattr(metric, name)) for name in names}
 
 
 _MISSING = object()
@@ -364,10 +358,6 @@ _MISSING = object()
 
 def _no_log(*args: Any, **kwargs: Any) -> None:
     """``self.log`` during the trial: nothing logged."""
-
-
-def _is_out_of_memory(error: BaseException) -> bool:
-    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 
 
 def _first_line(error: BaseException) -> str:

@@ -598,7 +598,7 @@ def test_others_growth_is_seen_while_the_job_changes_its_own_setting() -> None:
     assert blind.state_dict()["growth"] == [None, None]
 
 
-# the deep trace measured beside a real co-tenant (quickstart model, MiB; benchmarks/multitenant.py
+# the deep trace measured beside a real co-tenant (quickstart model, MiB; benchmarks/tenants/multitenant.py
 # seed 0): stages keep 48, 24, 12, 6 MiB for backward; at the step's peak rung 1 frees 29, rung 2
 # 8 more, rungs 3-4 nothing; on the top rung the continuum falls unevenly (flat from 0.34 to 0.5)
 DEEP_RUNGS = [1105, 1076, 1068, 1068, 1068]

@@ -189,7 +189,7 @@ def test_a_shortfall_within_the_noise_of_the_peak_takes_no_split() -> None:
 
 
 def test_a_job_above_a_rung_judged_idle_splits_on_the_new_top_rung_before_any_compression() -> None:
-    # the step trace of benchmarks/multitenant.py (seed 1): rung 3 measured to free nothing, the
+    # the step trace of benchmarks/tenants/multitenant.py (seed 1): rung 3 measured to free nothing, the
     # top rung became 2 while the job ran rung 3, still short: it compressed at split 8 before
     ladder = LadderController(rungs=3, min_free=100, release_free=400, cooldown_checks=0)
     ladder.on_stages_measured([300.0, 100.0, 100.0])

@@ -4,7 +4,7 @@ the peak's noise."""
 import pytest
 from ladder_cases import FLOOR, SAVINGS, _ladder, _learned, _reading, _run, _rung0
 
-from lightning_bandlimit.ladder import LadderController, Setting
+from lightning_bandlimit.ladder import LadderController, LadderModel, Setting
 
 # -- max_slowdown -----------------------------------------------------------------------------
 
@@ -180,3 +180,46 @@ def test_a_hinted_rung_is_discounted_by_what_the_last_climb_freed() -> None:
     # short by 120 on rung 1: stage 2's 200 saved bytes, at the half the last climb freed, are 100
     decision = ladder.decide(_reading(880), Setting(1, 0.0))
     assert decision.setting == Setting(3, 0.0)  # stages 2-3 hinted at 150: the first that fits
+
+
+# -- what a change of the ladder's shape forgets (one rule) -----------------------------------
+
+
+def _measured(on_top: bool) -> LadderModel:
+    """Three rungs measured, splits 2 and 4 measured on the top rung, two compressions on the
+    lossy rung at split 4."""
+    model = LadderModel(rungs=2)
+    model.on_continuum_chosen(on_top)
+    model.on_splits_chosen([2, 4])
+    for rung, peak in [(0, 1000), (1, 900), (2, 850)]:
+        model.observe(Setting(rung, 0.0), peak)
+    for split, peak in [(2, 700), (4, 600)]:
+        model.observe(Setting(2, 0.0, split=split), peak)
+    for compression, peak in [(0.2, 550), (0.4, 500)]:
+        model.observe(Setting(model.lossy_rung, compression, split=4), peak)
+    assert set(model.split_memory.points) == {2, 4} and len(model.compression_memory.points) >= 2
+    return model
+
+
+@pytest.mark.parametrize("on_top", [False, True])
+def test_a_change_forgets_what_was_measured_where_it_moved_and_nothing_else(on_top: bool) -> None:
+    # the continuum moved: its memory is forgotten, the splits' kept (they run on the same top rung)
+    model = _measured(on_top)
+    model.on_continuum_chosen(not on_top)
+    assert model.compression_memory.points == {} and set(model.split_memory.points) == {2, 4}
+    # the same choice again: nothing forgotten
+    model = _measured(on_top)
+    model.on_continuum_chosen(on_top)
+    model.on_splits_chosen([4, 2])
+    assert set(model.split_memory.points) == {2, 4} and len(model.compression_memory.points) >= 2
+    # other splits, even with the same largest: both forgotten (the continuum runs at the largest)
+    for splits in ([2], [4]):
+        model = _measured(on_top)
+        model.on_splits_chosen(splits)
+        assert model.split_memory.points == {} and model.compression_memory.points == {}
+    # a lower top rung: the splits' memory forgotten; the continuum's only where it ran on the top rung
+    model = _measured(on_top)
+    model.on_ranks_agreed(1, on_top)
+    assert model.top == 1 and model.split_memory.points == {}
+    assert (model.compression_memory.points == {}) is on_top
+    assert set(model.rung_memory.points) == {0, 1, 2}  # the rungs measured stay measured

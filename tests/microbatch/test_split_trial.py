@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
 from lightning_bandlimit.microbatch import SplitTrial, split_trial
+from lightning_bandlimit.utils.out_of_memory import is_out_of_memory
 
 
 class Net(pl.LightningModule):
@@ -222,6 +223,32 @@ def test_an_exception_in_training_step_is_a_reason_and_leaves_the_module_as_it_w
 def test_out_of_memory_is_a_reason() -> None:
     result = split_trial(_net(loss="oom"), _batch(), 0)
     assert result.reason == "the split could not be tried: out of memory"
+
+
+class _Raises(Net):
+    """A module whose ``training_step`` raises ``error``."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
+
+    def training_step(self, batch, batch_idx):  # type: ignore[no-untyped-def]
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    ("error", "out_of_memory"),
+    [
+        (MemoryError(), True),  # the host's
+        (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"), True),
+        (RuntimeError("MPS backend out of memory"), True),
+        (ValueError("no memory of it"), False),
+    ],
+)
+def test_the_trial_uses_the_backstops_out_of_memory_test(error: BaseException, out_of_memory: bool) -> None:
+    result = split_trial(_Raises(error).double(), _batch(), 0)
+    assert is_out_of_memory(error) is out_of_memory
+    assert (result.reason == "the split could not be tried: out of memory") is out_of_memory
 
 
 def test_a_zero_gradient_is_exact_when_the_split_is_zero_too() -> None:
