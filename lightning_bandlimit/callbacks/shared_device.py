@@ -21,9 +21,10 @@ from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.memory.protocol import ProbeUnavailable
 from lightning_bandlimit.tenants.arrival import Arrival, Event, Phase, advance
-from lightning_bandlimit.tenants.coordination import Coordination, offer
+from lightning_bandlimit.tenants.coordination import Coordination
 from lightning_bandlimit.tenants.entries import user_ids
 from lightning_bandlimit.tenants.ledger import Ledger, Tenant, host_device
+from lightning_bandlimit.tenants.offer import offer
 from lightning_bandlimit.tenants.trust import bound_claims
 from lightning_bandlimit.utils.validation import check_bool, check_real
 
@@ -46,9 +47,9 @@ class SharedDevice(Callback):
     every job before any job compresses, the cheapest move first, and a job holds when a
     cheaper move of another covers the shortfall or when another changed within ``dwell``
     seconds (its effect is not in the readings yet); on release the lossy part first, across
-    jobs, one job at a time. A job with no peers behaves exactly as without this callback; a
-    tenant without it counts as a co-tenant. The entries are grouped by device: a GPU's UUID
-    (``torch.cuda.get_device_properties``), or the host on CPU.
+    jobs, then splits, then rungs, one job at a time. A job with no peers behaves exactly as
+    without this callback; a tenant without it counts as a co-tenant. The entries are grouped by
+    device: a GPU's UUID (``torch.cuda.get_device_properties``), or the host on CPU.
 
     A job arriving beside coordinating peers announces itself before its first step (which measures
     it), waits up to ``arrival_timeout`` seconds for each peer's check to make room for it
@@ -163,7 +164,10 @@ class SharedDevice(Callback):
         atexit.register(self._leave)  # the entry goes at the interpreter's exit, whatever ends the fit
 
     def _publish(self, setting: Setting | None = None) -> Tenant:
-        """Write this job's entry at ``setting`` (default: the one it runs at)."""
+        """Write this job's entry at ``setting`` (default: the one it runs at,
+        :attr:`AdaptiveBandLimit.setting`: its rung, the split it applied and its compression,
+        so peers see and order its split as its rung), with what its ladder offers there
+        (:func:`~lightning_bandlimit.tenants.offer.offer`)."""
         assert self.ledger is not None and self._adaptive is not None
         cb = self._adaptive
         entry = offer(cb.controller, cb.setting if setting is None else setting)

@@ -50,6 +50,9 @@ CLOCK_SKEW_S = 5.0
 MAX_BYTES = 2**50
 # the most items in an entry's list (rung peaks, stage figures, names made room for)
 MAX_ITEMS = 1024
+# the most chunks a step's batch may run in (a split is at most a batch's size; 2**32: no batch
+# is this large)
+MAX_SPLIT = 2**32
 # the longest name (a job's, a host's, a run id) an entry may carry, in characters
 MAX_NAME = 1024
 # the longest file name an entry is written to (file systems allow 255 bytes)
@@ -222,6 +225,7 @@ _FIELDS: dict[str, Callable[[str, Any], Any]] = {
     "pid": lambda k, v: _int(k, v, 0, 2**32),
     "heartbeat": _number,
     "rung": lambda k, v: _int(k, v, 0, MAX_ITEMS),
+    "split": lambda k, v: _int(k, v, 1, MAX_SPLIT),
     "compression": lambda k, v: _real(k, v, 0.0, 1.0),
     "lossy": _bool,
     "changed_at": _number,

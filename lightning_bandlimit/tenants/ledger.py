@@ -67,6 +67,8 @@ class Tenant:
         pid: its process id (on CPU, what its resident memory is measured by).
         heartbeat: ``time.time()`` of the entry's last write.
         rung: its exact rung now.
+        split: the chunks its step's batch runs in now (``1``: whole; an entry of an older
+            version, without it, reads as ``1``).
         compression: its compression now.
         lossy: whether it runs above its floor compression (it holds a lossy lever).
         changed_at: ``time.time()`` of its last change of setting (``0``: none yet).
@@ -101,6 +103,7 @@ class Tenant:
     pid: int
     heartbeat: float
     rung: int = 0
+    split: int = 1
     compression: float = 0.0
     lossy: bool = False
     changed_at: float = 0.0
@@ -123,8 +126,9 @@ class Tenant:
     run: str = ""
 
     def setting_differs(self, setting: Any) -> bool:
-        """Whether ``setting`` (a ladder :class:`~lightning_bandlimit.ladder.Setting`) is not this entry's."""
-        return (self.rung, self.compression) != (setting.rung, setting.compression)
+        """Whether ``setting`` (a ladder :class:`~lightning_bandlimit.ladder.Setting`: rung,
+        split and compression) is not this entry's."""
+        return (self.rung, self.split, self.compression) != (setting.rung, setting.split, setting.compression)
 
     @classmethod
     def from_dict(cls, value: Any, now: float | None = None) -> Tenant:

@@ -18,7 +18,7 @@ from lightning_bandlimit.callbacks import AdaptiveBandLimit, SharedDevice
 from lightning_bandlimit.callbacks.ladder_decisions import held_bytes
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.ladder import Decision, Setting
-from lightning_bandlimit.memory import MemoryReading, ProbeUnavailable, ScriptedProbe
+from lightning_bandlimit.memory import MemoryProbe, MemoryReading, ProbeUnavailable, ScriptedProbe
 from lightning_bandlimit.models import ImageClassifier
 from lightning_bandlimit.recompute.switch import is_checkpointed
 from lightning_bandlimit.tenants import Ledger, Tenant
@@ -387,3 +387,71 @@ def test_a_real_ddp_job_confirms_an_arrival_while_it_trains(tmp_path: Path) -> N
     assert len(ranks) == 2 and ranks[0]["steps"] == ranks[1]["steps"] == 48
     assert ranks[0]["timeline"] == ranks[1]["timeline"]
     assert {tuple(t[1:]) for t in ranks[0]["timeline"]} == {(0, 0.0)}  # no room made, nothing changed
+
+
+class _SplitSqueeze(MemoryProbe):
+    """A co-tenant of 12 MB that grows to 17.2 MB from the 8th check to the 14th: more than the
+    top rung frees, so the job runs its batch in chunks (the deep squeeze of
+    ``test_adaptive_splits.py``: per rung its step's increment, per split 1 MB that does not shrink
+    with the chunk and 2 MB that do)."""
+
+    source = "scripted"
+    measures_own = True
+    rungs = (5.0 * M, 3.9 * M, 3.4 * M, 3.15 * M, 3.0 * M)
+
+    def __init__(self) -> None:
+        self.callback: AdaptiveBandLimit | None = None
+        self.checks = 0
+
+    def read(self) -> MemoryReading:
+        assert self.callback is not None
+        self.checks += 1
+        setting = self.callback.setting
+        own = int(
+            80 * M + (self.rungs[setting.rung] if setting.split == 1 else 1 * M + 2 * M / setting.split)
+        )
+        cotenant = 17.2 * M if 8 <= self.checks < 14 else 12 * M
+        return MemoryReading(
+            TOTAL, max(0, int(TOTAL - own - cotenant)), self.source, own=own, own_base=80 * M
+        )
+
+
+class _Watcher(Callback):
+    """A peer reading the ledger at each step's end: the job's entry, and the setting it runs at."""
+
+    def __init__(self, folder: Path, adaptive: AdaptiveBandLimit) -> None:
+        self.ledger, self.adaptive = Ledger(folder, host_device(), job="watcher"), adaptive
+        self.seen: list[tuple[tuple[int, int, float] | None, tuple[int, int, float]]] = []
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        entry = next((p for p in self.ledger.peers() if p.job == "b-job"), None)
+        published = None if entry is None else (entry.rung, entry.split, entry.compression)
+        applied = self.adaptive.setting
+        self.seen.append((published, (applied.rung, applied.split, applied.compression)))
+
+
+def test_peers_see_the_split_the_job_applied_through_the_ledger(tmp_path: Path) -> None:
+    probe = _SplitSqueeze()
+    adaptive = AdaptiveBandLimit(
+        probe=probe,
+        min_free=0.6 * M,
+        release_free=3 * M,
+        check_every_n_steps=1,
+        continuum_rung="zero",
+        rung_order="stages",
+    )
+    probe.callback = adaptive
+    folder = tmp_path / "ledger"
+    watcher = _Watcher(folder, adaptive)
+    trainer = cpu_trainer(
+        [adaptive, SharedDevice(folder, job="b-job"), watcher],
+        default_root_dir=tmp_path,
+        max_steps=20,
+        limit_val_batches=0,
+    )
+    trainer.fit(
+        ImageClassifier("cifar_resnet18", width=4),
+        SyntheticImageDataModule(train_size=64, val_size=8, test_size=8, batch_size=16),
+    )
+    assert all(published == applied for published, applied in watcher.seen)  # at every step's end
+    assert max(split for _, (_, split, _) in watcher.seen) > 1  # a split the peer saw
