@@ -1,31 +1,37 @@
-"""``AdaptiveBandLimit``: move the compression with the device's free memory."""
+"""``AdaptiveBandLimit``: move a job's levers (checkpointing, micro-batch split, compression) with
+the device's free memory. The callback is Lightning's hooks and the one owner of the setting the
+job runs at (``_move_to``); beside it: ``ladder_stages`` (exact rungs), ``ladder_profile`` (the
+first step, which measures them), ``ladder_splits`` (the micro-batch lever), ``ladder_decisions``
+(what a check reads and records), ``ladder_events`` (the controller's one feeder) and
+``ladder_backstop`` (the out-of-memory backstop)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from lightning_bandlimit.callbacks.band_limit import BandLimit
+from lightning_bandlimit.callbacks.ladder_backstop import OutOfMemoryBackstop
+from lightning_bandlimit.callbacks.ladder_check import LadderCheck
 from lightning_bandlimit.callbacks.ladder_decisions import (
-    BaselineDrift,
     Coordinator,
     JobMemory,
-    ProbeReader,
     StepPeak,
     decision_record,
     describe_change,
     log_decision,
 )
 from lightning_bandlimit.callbacks.ladder_events import LadderEvents
+from lightning_bandlimit.callbacks.ladder_profile import FirstStep
 from lightning_bandlimit.callbacks.ladder_splits import SplitLever
-from lightning_bandlimit.callbacks.ladder_stages import ExactRungs, describe_stages, find_stages
-from lightning_bandlimit.callbacks.out_of_memory import free_memory, guard_fit, unguard_training_step
+from lightning_bandlimit.callbacks.ladder_stages import ExactRungs, find_stages
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.reasons import OOM
 from lightning_bandlimit.ladder.setting import Decision, Setting
@@ -39,8 +45,6 @@ from lightning_bandlimit.utils.validation import check_choice, check_compression
 LEVERS = ("checkpoint", "microbatch", "compression")
 CONTINUUM_RUNGS = ("auto", "top", "zero")
 RUNG_ORDERS = ("cost", "pointwise", "stages")
-# The compression units are also tried at (lossy lever): where a kept-spectrum unit differs most.
-TRIAL_COMPRESSION = 0.5
 
 __all__ = ["AdaptiveBandLimit"]
 
@@ -55,10 +59,14 @@ class AdaptiveBandLimit(BandLimit):
     least lossy first:
 
     1. **Activation checkpointing** (``"checkpoint"`` lever; exact gradients) of the model's
-       residual-block-like units (:func:`~lightning_bandlimit.recompute.stages.checkpoint_units`,
-       or ``checkpoint_units``): the cheapest bytes first, a unit or a few per rung (``rung_order``,
-       :mod:`lightning_bandlimit.recompute.plan`), switched between steps, in place,
-       non-reentrant (DDP-safe), BatchNorm running statistics updated once per step.
+       residual-block-like units (:func:`~lightning_bandlimit.recompute.unit_choice.checkpoint_units`,
+       or ``checkpoint_units`` patterns): by default the rungs take the cheapest bytes first, a
+       unit or a few per rung, by bytes freed per second of recompute measured on the first step
+       (``rung_order``; ``"pointwise"`` adds each unit's pointwise mode, keeping its
+       convolutions' outputs, before its full one; :mod:`lightning_bandlimit.recompute.plan`),
+       else by stages. Units are switched between optimizer steps, in place (``state_dict`` keys
+       unchanged), in the non-reentrant mode (DDP-safe), with BatchNorm running statistics
+       updated once per step.
     2. **Micro-batch split** (``"microbatch"`` lever; exact for a per-sample mean loss without
        batch-dependent layers): on the top rung, each step's batch runs in 2, 4, ... up to
        ``max_split`` chunks whose gradients accumulate before one optimizer step
@@ -89,11 +97,17 @@ class AdaptiveBandLimit(BandLimit):
     step, only hints which to try first). ``max_slowdown`` caps each rung's measured step time.
 
     ``levers=["compression"]``: compression only; ``levers=["checkpoint", "microbatch"]``: exact
-    only. A model without checkpointable units has no exact rungs (said once).
+    only (no compression above ``min_compression``). A model without checkpointable units (e.g. a
+    plain ``nn.Sequential`` chain) has no exact rungs: the splits and the compression remain
+    (said once).
 
     Like :class:`BandLimit` it swaps the convolutions in ``setup`` when the model has none
-    band-limited, and keeps its state (compression, rung, learned memory and times) in
-    checkpoints. Logged per check: ``AdaptiveBandLimit/rung``, ``.../checkpointed_units``,
+    band-limited, and keeps its state in checkpoints: the setting (compression, rung, split), the
+    stages, the micro-batch trial's outcome (a resumed job does not try again; a restored split
+    the outcome does not allow falls back to the largest it allows below it, or 1, said once) and
+    what the controller learned (memory and times).
+
+    Logged per check: ``AdaptiveBandLimit/rung``, ``.../checkpointed_units``, ``.../split``,
     ``.../compression``, ``.../achieved_compression``, ``.../free_bytes``,
     ``.../job_peak_bytes``, ``.../baseline_bytes`` (what the job held at its measured step's
     start), ``.../slowdown`` (the rung's measured step time over rung 0's) and ``.../decision``
@@ -101,13 +115,16 @@ class AdaptiveBandLimit(BandLimit):
     reported with its reason and kept in :attr:`decisions`. Under DDP all ranks apply the most
     conservative point any rank asks for, on the same step.
 
-    **What it guarantees** (README, "Keep fitting beside other jobs"): a co-tenant growing by
-    less than ``min_free`` between two checks is met before the job overdraws, as far as the
-    levers free and the memory model predicts. **Out-of-memory backstop** (``oom_backstop``,
-    single-process runs): an out-of-memory error inside ``training_step`` moves to the top rung
-    (there, to its largest split, then the continuum; in the first step, every unit
-    checkpointed) and retries that batch once; an OOM in ``backward``, the optimizer step or
-    another process it cannot catch, a second one on the batch propagates.
+    **What it guarantees, and what it does not** (README, "Keep fitting beside other jobs"): a
+    co-tenant whose memory grows by less than ``min_free`` between two checks is met before the
+    job overdraws, as far as the levers can free and the memory model predicts; memory no lever
+    frees, a faster co-tenant, or an out-of-memory error in ``backward`` it cannot help.
+
+    **Out-of-memory backstop** (``oom_backstop=True``, single-process runs;
+    :mod:`~lightning_bandlimit.callbacks.ladder_backstop`): an out-of-memory error raised inside
+    ``training_step`` moves to the top rung (there, to its largest split, then the continuum; in
+    the first step, every unit checkpointed) and retries that batch once; an OOM in ``backward``,
+    the optimizer step or another process it cannot catch, a second one on the batch propagates.
 
     Args:
         compression: starting compression, in ``[0, 1)`` (refused outside, as by
@@ -123,8 +140,10 @@ class AdaptiveBandLimit(BandLimit):
         levers: which levers the ladder may use: ``"checkpoint"``, ``"microbatch"``, ``"compression"``.
         checkpoint_units: glob patterns over module names choosing the units to checkpoint
             (default: found automatically).
-        rung_order: ``"cost"``: rungs by bytes freed per second of recompute (first step);
-            ``"pointwise"``: also each unit's pointwise mode; ``"stages"``: by whole stages.
+        rung_order: ``"cost"``: rungs by bytes freed per second of recompute, measured on the
+            first step; ``"pointwise"``: the same, with each unit's pointwise mode as a move
+            before its full one; ``"stages"``: rung ``r`` checkpoints the first ``r`` stages in
+            full.
         max_slowdown: the most step time a checkpointing rung may cost relative to none
             (e.g. ``1.3``); ``None``: no cap.
         max_split: the most chunks the micro-batch lever runs a step's batch in (``1``: none).
@@ -219,23 +238,22 @@ class AdaptiveBandLimit(BandLimit):
         self.decisions: list[dict[str, Any]] = []
         self._events = LadderEvents(self.controller)  # the one place the controller is changed
         self._rungs = ExactRungs(None, order=rung_order)
+        self._first_step = FirstStep(self._rungs, self._events, continuum_rung)
+        self._backstop = OutOfMemoryBackstop()
         self._peak = StepPeak()
-        self._reader = ProbeReader(type(self).__name__)
-        self._drift = BaselineDrift(type(self).__name__)
+        self._checks = LadderCheck(type(self).__name__, check_every_n_steps)
         self._device: torch.device | None = None
-        self._guarded: pl.LightningModule | None = None
-        self._last_check = -1
         self._step_started: float | None = None
         self.coordinator: Coordinator | None = None
 
     @property
     def rung(self) -> int:
-        """The rung the job runs at (checkpointed stages)."""
+        """The rung the job runs at (checkpointed stages); setting it moves the job there."""
         return self._rungs.rung
 
     @rung.setter
     def rung(self, rung: int) -> None:
-        self._rungs.rung = rung
+        self._move_to(replace(self.setting, rung=rung))
 
     @property
     def split(self) -> int:
@@ -248,7 +266,11 @@ class AdaptiveBandLimit(BandLimit):
         return Setting(self.rung, self.compression, split=self.split)
 
     def _move_to(self, setting: Setting) -> None:
-        self.compression, self.rung = setting.compression, setting.rung
+        """The one place the applied setting changes: the band-limited layers' compression, the
+        rung (the units are switched to it once the stages are known; until then it is held) and
+        the split (without the micro-batch lever it stays 1)."""
+        self.compression = setting.compression
+        self._rungs.rung = setting.rung
         if self._splits is not None:
             self._splits.split = setting.split
 
@@ -267,23 +289,23 @@ class AdaptiveBandLimit(BandLimit):
             self._rungs.stages = find_stages(pl_module, self.checkpoint_units)
         if stage == "fit" and self._splits is not None:
             self._splits.install(trainer, pl_module)
-        if stage == "fit" and self.oom_backstop and self._guarded is None:
-            self._guarded = guard_fit(trainer, pl_module, lambda: self._recover_from_oom(trainer))
+        if stage == "fit" and self.oom_backstop:
+            self._backstop.install(trainer, pl_module, lambda: self._recover_from_oom(trainer))
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._rungs.stages is None:  # no units (or no checkpoint lever): a saved ladder does not apply
             self._rungs.saved_stages = None
             self._events.stages_measured(rungs=0)
-            self.rung = 0
-        elif self._rungs.restore(self.controller.top) is False:  # the saved stages name other units
+            self._move_to(replace(self.setting, rung=0))
+        elif (restored := self._rungs.restore()) is False:  # the saved stages name other units
             self._events.stages_measured(rungs=0)
-        if self._splits is None or self._splits.tried:  # no lever: a saved ladder's splits do not apply
-            self._events.splits_chosen(() if self._splits is None else self.controller.splits)
-
-    def _is_check_step(self, step: int) -> bool:
-        """Whether a check follows optimizer step ``step`` (a batch ends at ``global_step + 1``)."""
-        return step % self.check_every_n_steps == 0 and step != self._last_check
+        elif restored:  # resumed: no profiling step, the saved rung (at most the top)
+            self._move_to(replace(self.setting, rung=min(self.rung, self.controller.top)))
+        if self._splits is None:  # no lever: a saved ladder's splits do not apply
+            self._events.splits_chosen(())
+        elif self._splits.tried:  # tried before (a second fit, or restored): no trial, its splits
+            self._events.splits_chosen(self._splits.ladder(self.controller.splits))
 
     @override
     def on_train_batch_start(
@@ -292,14 +314,14 @@ class AdaptiveBandLimit(BandLimit):
         self._step_started = time.perf_counter()
         if self._splits is not None:
             self._splits.start_step(batch, batch_idx)
-        if self._rungs.stages is not None and not self._rungs.staged:
+        if self._first_step.pending:
             # The first step runs every unit plainly and measures them: stages and bytes freed.
             self._step_started = None  # a profiling step's time is not a rung's
             on_top = self.coordinator is not None and self.coordinator.first_step_on_top()  # beside peers
-            self._rungs.start_profile(pl_module.parameters(), on_top)
+            self._first_step.start(pl_module.parameters(), on_top)
             return
         # global_step counts optimizer steps: this batch ends at global_step + 1.
-        if self.probe is None or self.probe.measures_own or not self._is_check_step(trainer.global_step + 1):
+        if self.probe is None or self.probe.measures_own or not self._checks.due(trainer.global_step + 1):
             return  # a probe that measures the job itself needs no meter on the step
         self._peak.start(self._device, exclude=pl_module.parameters())
 
@@ -312,46 +334,21 @@ class AdaptiveBandLimit(BandLimit):
         self._stop_meters()
 
     def _stop_meters(self) -> None:
-        profiling = self._rungs.profiling
-        self._peak.stop(profiling.close() if profiling is not None else None)  # finished after the step
+        self._peak.stop(self._first_step.close())  # a profiling step's peak, finished after the step
 
     def _finish_profile(self, world_size: int) -> None:
         """The stages the first step measured go to the controller; the job moves to its rung."""
-        lossy = self.controller.lossy and self.controller.max_compression > self.compression
-        also = (
-            max(self.compression, min(TRIAL_COMPRESSION, self.controller.max_compression)) if lossy else None
-        )
-        outcome = self._rungs.finish_profile([None] if also is None else [None, also], world_size)
-        if outcome is None:  # no unit is exact: the ladder is the compression alone
-            self._events.stages_measured(rungs=0)
-            return
-        rung, peak, count = self.rung, self._peak.bytes, len(outcome.stages)  # a restored rung, if any
-        self._events.stages_measured(count, outcome.savings, outcome.least)
-        if not outcome.checkpointed:
-            if rung and peak:  # the profiled step ran on rung 0: what it measured is rung 0's
-                self._events.step_measured(Setting(0, self.compression), float(peak))
-                self._peak.bytes = None
-            self.rung = min(rung, count)  # the restored rung (a resumed or a second fit)
-        else:  # measured with every unit checkpointed (beside peers, or after out of memory): the top rung
-            self.rung = count
-            if outcome.oom_step is not None:
-                self._record_oom(outcome.oom_step)
-            if outcome.failed:  # measured with units off the ladder
-                self._peak.bytes = None
-        stages = self._rungs.stages
-        assert stages is not None
-        on_top = self.controller.lossy and (
-            self.continuum_rung == "top" or (self.continuum_rung == "auto" and stages.keep_spectrum())
-        )
-        self._events.continuum_chosen(on_top)
-        describe_stages(outcome.stages, outcome.savings, on_top, sampled=outcome.checkpointed)
+        end = self._first_step.finish(self.setting, self._peak, world_size)
+        self._move_to(replace(self.setting, rung=end.rung))
+        if end.oom_step is not None:
+            self._record_oom(end.oom_step)
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._stop_meters()  # the step ended without a backward (e.g. skipped)
-        if self._rungs.profiling is not None:
+        if self._first_step.profiling is not None:
             self._finish_profile(trainer.world_size)
         if self._step_started is not None and self.compression <= self.controller.min_compression:
             self._events.step_timed(self.rung, time.perf_counter() - self._step_started, self.split)
@@ -360,6 +357,8 @@ class AdaptiveBandLimit(BandLimit):
             self._splits.end_step()
             if (splits := self._splits.try_splits(trainer, pl_module)) is not None:
                 self._events.splits_chosen(splits)
+                # a split applied before the trial (an older checkpoint's) must be one it allows
+                self._move_to(replace(self.setting, split=self._splits.restore_split(self.split)))
         if self.compression > 0 and self.controller.continuum_on_top:
             self._rungs.report_fallbacks(self.compression)  # units kept in full at this compression
         self._check(trainer, pl_module)  # a new rung applies here, between optimizer steps
@@ -367,36 +366,25 @@ class AdaptiveBandLimit(BandLimit):
 
     @override
     def _should_log(self, trainer: pl.Trainer) -> bool:
-        return super()._should_log(trainer) or self._last_check == trainer.global_step
+        return super()._should_log(trainer) or self._checks.last == trainer.global_step
 
     def _check(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Read, agree across ranks, decide, apply: as ``EarlyStopping`` evaluates, then acts."""
+        """Read, agree across ranks, decide (:class:`~.ladder_check.LadderCheck`), apply."""
         ddp = trainer.world_size > 1  # a rank without a reading still meets the others' collective
-        if (self.probe is None and not ddp) or not self._is_check_step(trainer.global_step):
+        if (self.probe is None and not ddp) or not self._checks.due(trainer.global_step):
             return
-        self._last_check = trainer.global_step
+        self._checks.last = trainer.global_step
         read = None if self.probe is None else self._read()
-        if ddp:
-            read = self._events.ranks_agreed(trainer.strategy, read, self._device)
-        if read is None:
-            return
-        reading, peak, base = read
-        if peak:
-            self._events.step_measured(self.setting, float(peak), None if base is None else float(base))
-        peers = None if self.coordinator is None else self.coordinator.peer_memory()
-        decision = self._events.decide(reading, self.setting, peers)
-        large = self.controller.min_free_bytes or 0  # min_free in bytes, as the decision took it
-        if (drift := self._drift.update(trainer.global_step, base, large)) is not None:
-            rank_zero_info(drift)
-        if self.coordinator is not None:  # other memory-aware jobs on the device (SharedDevice)
-            decision = self._events.coordinate(self.coordinator, self, trainer, decision)
-        self._apply(trainer, pl_module, decision, peak, base)
+        checked = self._checks.decide(
+            trainer, self, self.setting, read, self._events, self.coordinator, self._device
+        )
+        if checked is not None:
+            self._apply(trainer, pl_module, *checked)
 
     def _read(self) -> JobMemory | None:
-        """:class:`~.ladder_decisions.ProbeReader`: ``None`` (said once per cause) if the probe
-        failed, the check skipped; after ``PROBE_FAILURES_TO_STOP`` in a row, read no more."""
-        read = self._reader.read(self.probe, self._device, self._peak.bytes, self._peak.base)  # type: ignore[arg-type]
-        if self._reader.stopped:
+        """The check's reading; after ``PROBE_FAILURES_TO_STOP`` failures in a row, read no more."""
+        read = self._checks.read(self.probe, self._device, self._peak)  # type: ignore[arg-type]
+        if self._checks.reader.stopped:
             self.probe = None
         return read
 
@@ -435,26 +423,14 @@ class AdaptiveBandLimit(BandLimit):
 
     def _recover_from_oom(self, trainer: pl.Trainer) -> None:
         """An out-of-memory error in ``training_step``: move to a setting that needs less memory
-        before the batch runs again (:func:`~.out_of_memory.guard_training_step`)."""
-        profiling = self._rungs.profiling is not None
+        before the batch runs again (:class:`~.ladder_backstop.OutOfMemoryBackstop`)."""
         self._stop_meters()
         self._peak.bytes = None  # the failed attempt's, not the retry's
-        free_memory(self._device)
-        previous = self.setting
-        if profiling:  # the profile is incomplete: measure the units again, checkpointed
-            self._rungs.restart_profile_after_oom(trainer.global_step)
-            rank_zero_warn(
-                f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step} (the "
-                "first, which measures the units); retrying the batch once with every unit checkpointed"
-            )
-            return
-        retry = self._events.out_of_memory(previous)
-        self._move_to(retry)
-        rank_zero_warn(
-            f"AdaptiveBandLimit: out of memory in training_step at step {trainer.global_step}; "
-            f"retrying the batch once at {self.setting} (was {previous})"
-        )
-        self._record_oom(trainer.global_step)
+        step = trainer.global_step
+        retry = self._backstop.retry_setting(step, self.setting, self._first_step, self._events, self._device)
+        if retry is not None:  # None: the first step measures the units again, checkpointed
+            self._move_to(retry)
+            self._record_oom(step)
 
     def _record_oom(self, step: int) -> None:
         self.decisions.append(
@@ -467,11 +443,11 @@ class AdaptiveBandLimit(BandLimit):
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
         self._stop_meters()
+        self._first_step.release()
         self._rungs.release()  # the user's model as it was; a next fit re-applies the rung
         if self._splits is not None:
             self._splits.remove()
-        if self._guarded is not None:
-            self._guarded = unguard_training_step(self._guarded)
+        self._backstop.remove()
         if self.probe is not None and self._probe_spec == "auto":
             self.probe.close()
             self.probe = None
@@ -483,18 +459,25 @@ class AdaptiveBandLimit(BandLimit):
             **super().state_dict(),
             "rung": self.rung,
             "split": self.split,
+            "split_trial": None if self._splits is None else self._splits.state_dict(),
             "stages": stages,
             "controller": self.controller.state_dict(),
         }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
+        # BandLimit's load_state_dict restores the compression alone; here it is part of the
+        # setting, restored with the rung and the split by the one move.
         controller = dict(state_dict.get("controller", {}))
         if "checkpoint" not in self.levers:
             controller["rungs"], state_dict = 0, {**state_dict, "rung": 0, "stages": None}
-        self.rung = int(state_dict.get("rung", 0))  # applied once the stages are known
         self._rungs.saved_stages = state_dict.get("stages")
-        if self._splits is not None:
-            self._splits.split = int(state_dict.get("split", 1))
         self._events.restore(controller)
+        split = 1
+        if self._splits is not None:
+            if (trial := state_dict.get("split_trial")) is not None:  # an older checkpoint: tried again
+                self._splits.load_state_dict(trial)
+            split = self._splits.restore_split(int(state_dict.get("split", 1)))  # said once if clamped
+        compression = state_dict.get("compression", self.compression)
+        rung = int(state_dict.get("rung", 0))  # applied once the stages are known
+        self._move_to(Setting(rung, compression, split=split))

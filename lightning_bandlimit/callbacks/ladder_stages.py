@@ -1,42 +1,28 @@
 """The exact rungs of :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit`
 (:class:`ExactRungs`: the stages and the rung the job runs at): which units it checkpoints
-(:func:`find_stages`), the first step that measures them (:class:`Profiling`), the trials that
-keep only exact units (:func:`failed_trials`), and what it says about them (no units found,
-units kept in full at a compression)."""
+(:func:`find_stages`), the stages a checkpoint saved (applied at the start of training), and what
+it says about them (no units found, units kept in full at a compression). The first step, which
+measures the units and sets the stages, is :mod:`~lightning_bandlimit.callbacks.ladder_profile`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_bandlimit.recompute.plan import RungPlan, parse_move
-from lightning_bandlimit.recompute.sampled_savings import sampled_savings, sampled_unit_savings
-from lightning_bandlimit.recompute.stages import CheckpointStages, UnitProfile, checkpoint_units
-from lightning_bandlimit.recompute.switch import FULL, POINTWISE
-from lightning_bandlimit.recompute.trial import trial
-from lightning_bandlimit.utils.units import MIB
+from lightning_bandlimit.recompute.plan import parse_move
+from lightning_bandlimit.recompute.rungs import CheckpointRungs
+from lightning_bandlimit.recompute.switch import FULL
+from lightning_bandlimit.recompute.unit_choice import checkpoint_units
 
-__all__ = [
-    "ExactRungs",
-    "FallbackReport",
-    "ProfileOutcome",
-    "Profiling",
-    "describe_stages",
-    "failed_trials",
-    "find_stages",
-]
+__all__ = ["ExactRungs", "FallbackReport", "find_stages"]
 
 
-def find_stages(pl_module: pl.LightningModule, patterns: tuple[str, ...] | None) -> CheckpointStages | None:
+def find_stages(pl_module: pl.LightningModule, patterns: tuple[str, ...] | None) -> CheckpointRungs | None:
     """The checkpointable units of ``pl_module`` (those ``patterns`` name, else found
     automatically), or ``None`` with a message saying the ladder has no checkpointing rungs."""
     units = checkpoint_units(pl_module, include=patterns)
     if units:
-        return CheckpointStages(units)
+        return CheckpointRungs(units)
     if patterns is not None:
         rank_zero_warn(
             f"AdaptiveBandLimit: checkpoint_units={list(patterns)} matches no module of "
@@ -58,7 +44,7 @@ class FallbackReport:
     def __init__(self) -> None:
         self.reported: set[str] = set()
 
-    def __call__(self, stages: CheckpointStages, compression: float) -> None:
+    def __call__(self, stages: CheckpointRungs, compression: float) -> None:
         fallbacks = stages.fallbacks()
         if fallbacks and fallbacks.keys() != self.reported:
             self.reported = set(fallbacks)
@@ -69,203 +55,10 @@ class FallbackReport:
             )
 
 
-@dataclass
-class Profiling:
-    """The profiling phase: the first training step, which measures the units (their stages
-    and what each frees) while it runs. One state for the whole phase.
-
-    Attributes:
-        profile: the units' profile, recording until :meth:`close`.
-        checkpointed: measured with every unit checkpointed (on the top rung: beside peers that
-            share the device, or after an out-of-memory error): the stages are known; what each
-            frees is measured on the recorded samples (:meth:`savings`; after an out-of-memory
-            error, nothing is recorded and it stays unknown).
-        oom_step: the step whose first attempt ran out of memory (recorded once the retry
-            measured the stages).
-    """
-
-    profile: UnitProfile
-    checkpointed: bool = False
-    oom_step: int | None = None
-    recording: bool = True
-
-    @classmethod
-    def start(
-        cls,
-        stages: CheckpointStages,
-        exclude: Any,
-        record: int = 4,
-        oom_step: int | None = None,
-        checkpointed: bool = False,
-    ) -> Profiling:
-        """Open a profile of the next forward, keeping ``record`` samples of each unit's input to
-        try it on; with ``checkpointed`` every unit runs checkpointed (after an out-of-memory
-        error, ``oom_step``, nothing is kept or metered)."""
-        if oom_step is not None:  # stages only: no samples to try, no bytes to meter
-            profile = stages.profile(checkpointed=True)
-        else:
-            profile = stages.profile(exclude=exclude, checkpointed=checkpointed, record=record)
-        return cls(profile.__enter__(), checkpointed=checkpointed or oom_step is not None, oom_step=oom_step)
-
-    def close(self) -> int | None:
-        """Stop recording (before backward); returns the job's peak it measured, if it measured one."""
-        if not self.recording:
-            return None
-        self.profile.__exit__(None, None, None)
-        self.recording = False
-        return None if self.oom_step is not None else self.profile.meter.bytes
-
-    def savings(self, stages: CheckpointStages, drop: list[str]) -> tuple[list[int] | None, list[int] | None]:
-        """Bytes checkpointing each stage frees (``drop``: units off the ladder), and the least it
-        may free: seen by a plain profile (both); from the recorded samples of a checkpointed one
-        (:func:`~lightning_bandlimit.recompute.sampled_savings.sampled_savings`, an upper figure;
-        less the stages' inputs as the profile measured them, the least), unknown after an
-        out-of-memory error (nothing recorded). The samples are let go."""
-        try:
-            if not self.checkpointed:
-                seen = self.profile.savings(drop=drop)
-                return seen, seen
-            upper = sampled_savings(stages, self.profile, drop)
-            if upper is None:
-                return None, None
-            inputs = [
-                sum(self.profile.input_bytes.get(n, 0) for n in stage) for stage in self.profile.stages(drop)
-            ]
-            return upper, [max(0, s - i) for s, i in zip(upper, inputs, strict=True)]
-        finally:
-            self.profile.inputs.clear()
-
-    def plan(
-        self,
-        stages: CheckpointStages,
-        drop: list[str],
-        no_pointwise: list[str],
-        max_rungs: int,
-        pointwise: bool = True,
-    ) -> RungPlan | None:
-        """The rungs by bytes freed per second of recompute
-        (:meth:`~lightning_bandlimit.recompute.stages.UnitProfile.plan`); measured checkpointed,
-        each unit's bytes come from the recorded samples (:meth:`savings`' upper figure, less
-        its input the least); ``None`` where they are unknown (after an out-of-memory error)."""
-        try:
-            profile = self.profile
-            if not self.checkpointed:
-                return profile.plan(drop, no_pointwise, max_rungs=max_rungs, pointwise=pointwise)
-            full = sampled_unit_savings(stages, profile, drop)
-            if full is None:
-                return None
-            least = {n: max(0, b - profile.input_bytes.get(n, 0)) for n, b in full.items()}
-            return profile.plan(drop, no_pointwise, full, least, max_rungs, pointwise)
-        finally:
-            self.profile.inputs.clear()
-
-
-def failed_trials(
-    stages: CheckpointStages,
-    profile: UnitProfile,
-    compressions: list[float | None],
-    world_size: int = 1,
-    mode: str = FULL,
-) -> list[str]:
-    """The units that are not exact when checkpointed (:func:`~lightning_bandlimit.recompute.trial.trial`
-    on the profile's recorded samples, kept for :meth:`Profiling.savings`, at each of
-    ``compressions``; ``None``: as the model is) in ``mode``; one warning names them (in the
-    pointwise mode they keep their full mode). Under DDP a unit that fails on any rank fails on
-    every rank (the ranks' units may differ: names are gathered, one collective)."""
-    reasons: dict[str, str] = {}
-    for name, args in profile.inputs.items():
-        for compression in compressions:
-            unit = stages.units.get(name)
-            if unit is None:
-                continue
-            reason = trial(name, unit, args, compression, autocast=profile.autocast.get(name), mode=mode)
-            if reason is not None:
-                reasons[name] = reason if compression is None else f"{reason} (at compression {compression})"
-                break
-    if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-        gathered: list[list[str] | None] = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(gathered, sorted(reasons))
-        for name in sorted({n for names in gathered for n in names or ()} - set(reasons)):
-            if name in stages.units:
-                reasons[name] = f"{name}: not exact when checkpointed on another rank"
-    if reasons:
-        what = "leave the ladder" if mode == FULL else "keep only their full checkpointing"
-        rank_zero_warn(
-            f"AdaptiveBandLimit: {len(reasons)} of {len(stages.units)} units are not exact when "
-            f"checkpointed ({mode}) and {what}: {'; '.join(reasons.values())}"
-        )
-    return list(reasons)
-
-
-Plan = tuple[list[list[str]], list[int], list[int]]
-
-
-def _rounded(values: list[float]) -> list[int]:
-    return [round(v) for v in values]
-
-
-def _rank_zero_plan(plan: Plan | None, world_size: int) -> Plan | None:
-    """Under DDP, rank 0's rungs on every rank whose moves are the same (each rank timed its own
-    first step; one order keeps a rung the same units everywhere); one collective."""
-    if world_size == 1 or not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return plan
-    shared: list[Any] = [plan]
-    torch.distributed.broadcast_object_list(shared, src=0)
-    theirs = shared[0]
-    moves = lambda p: sorted(m for rung in p[0] for m in rung)  # noqa: E731
-    return theirs if plan is not None and theirs is not None and moves(theirs) == moves(plan) else plan
-
-
-def describe_stages(
-    stages: list[list[str]], savings: list[int] | None, on_top: bool, sampled: bool = False
-) -> None:
-    """Say once what the ladder's exact rungs are, what each frees (``sampled``: at most, from
-    samples of each unit's input) and where the continuum runs."""
-    how = " at most (from samples: measured all checkpointed, beside peers)" if sampled else ""
-    freed = (
-        f"bytes each frees{how}: {[f'{s / MIB:.1f} MiB' for s in savings]}"
-        if savings is not None
-        else "bytes each frees: unknown (measured all checkpointed after an out-of-memory error)"
-    )
-    continuum = (
-        "the compression continuum runs on the top rung (checkpointed blocks keep their kept spectrum)"
-        if on_top
-        else "the compression continuum runs on rung 0"
-    )
-    units = len({parse_move(move)[0] for stage in stages for move in stage})
-    moves = sum(map(len, stages))
-    how = "stages, highest resolution first" if moves == units else "cheapest bytes first"
-    rank_zero_info(
-        f"AdaptiveBandLimit: {len(stages)} checkpointing rungs over {units} units "
-        f"({how}: {stages}); {freed}; {continuum}"
-    )
-
-
-@dataclass
-class ProfileOutcome:
-    """What the first step measured of the units (:meth:`ExactRungs.finish_profile`).
-
-    Attributes:
-        stages: the stages, highest resolution first (units off the ladder left out).
-        savings: bytes checkpointing each stage frees (``None``: unknown).
-        least: the least each may free.
-        checkpointed: measured with every unit checkpointed (the job then runs its top rung).
-        oom_step: the step whose first attempt ran out of memory, if the profile was its retry.
-        failed: units that left the ladder (not exact when checkpointed).
-    """
-
-    stages: list[list[str]]
-    savings: list[int] | None
-    least: list[int] | None
-    checkpointed: bool
-    oom_step: int | None
-    failed: list[str]
-
-
 class ExactRungs:
     """A job's exact rungs: its checkpointable units grouped in stages, the rung it runs at (held
-    here alone; the units are switched to it), the first step that measures the units, and what
-    is said of them.
+    here; the units are switched to it; set only by the callback's one move,
+    ``AdaptiveBandLimit._move_to``), the stages a checkpoint saved, and what is said of them.
 
     Args:
         stages: the units (:func:`find_stages`), ``None``: no exact rungs.
@@ -283,12 +76,11 @@ class ExactRungs:
     """
 
     def __init__(
-        self, stages: CheckpointStages | None, rung: int = 0, order: str = "cost", max_rungs: int = 8
+        self, stages: CheckpointRungs | None, rung: int = 0, order: str = "cost", max_rungs: int = 8
     ) -> None:
         self.stages = stages
         self._rung = rung
         self.order, self.max_rungs = order, max_rungs
-        self.profiling: Profiling | None = None  # the first training step, measuring the units
         self.saved_stages: list[list[str]] | None = None  # from a checkpoint, until applied
         self._fallbacks = FallbackReport()
 
@@ -316,10 +108,11 @@ class ExactRungs:
         """Names of the units checkpointed now."""
         return self.stages.checkpointed() if self.stages is not None else []
 
-    def restore(self, top: int) -> bool | None:
-        """At the start of training, the stages saved in a checkpoint applied, at the saved rung
-        (at most ``top``). ``True``: applied; ``False``: they name other units (said once), to be
-        measured again; ``None``: nothing to restore (no units, stages known, or none saved)."""
+    def restore(self) -> bool | None:
+        """At the start of training, the stages saved in a checkpoint applied. ``True``: applied
+        (the caller then moves to the saved rung, at most the top); ``False``: they name other
+        units (said once), to be measured again; ``None``: nothing to restore (no units, stages
+        known, or none saved)."""
         saved, self.saved_stages = self.saved_stages, None
         if self.stages is None or self.staged or not saved:
             return None
@@ -330,56 +123,7 @@ class ExactRungs:
             )
             return False
         self.stages.set_stages(saved)  # resumed: no profiling step, the saved rung from the first step
-        self.rung = min(self._rung, top)
         return True
-
-    def start_profile(self, exclude: Any, on_top: bool) -> None:
-        """The first step runs every unit plainly (``on_top``: checkpointed) and measures them."""
-        assert self.stages is not None
-        self.profiling = Profiling.start(self.stages, exclude, checkpointed=on_top)
-
-    def restart_profile_after_oom(self, step: int) -> None:
-        """The profiled step ``step`` ran out of memory: measure the units again, checkpointed."""
-        assert self.stages is not None
-        self.profiling = Profiling.start(self.stages, (), oom_step=step)
-
-    def finish_profile(
-        self, trial_compressions: list[float | None], world_size: int
-    ) -> ProfileOutcome | None:
-        """The stages the first step measured, with the units not exact when checkpointed (tried
-        at ``trial_compressions``) off the ladder; ``None`` (said once) when no unit is exact."""
-        assert self.stages is not None and self.profiling is not None
-        profiling, self.profiling = self.profiling, None
-        profile = profiling.profile
-        failed = failed_trials(self.stages, profile, trial_compressions, world_size)
-        if failed:
-            self.stages.remove(failed)
-        stages = profile.stages(drop=failed)
-        if not stages:
-            rank_zero_warn(
-                "AdaptiveBandLimit: no unit is exact when checkpointed; the ladder is the compression alone"
-            )
-            self.stages, self._rung = None, 0
-            profile.inputs.clear()
-            return None
-        ordered = None
-        if self.order != "stages":  # the same collectives on every rank, whatever it measured
-            pointwise = self.order == "pointwise"
-            no_pointwise = []
-            if pointwise:
-                no_pointwise = failed_trials(self.stages, profile, trial_compressions, world_size, POINTWISE)
-            plan = None
-            if profile.inputs:
-                plan = profiling.plan(self.stages, failed, no_pointwise, self.max_rungs, pointwise)
-            ordered = None if plan is None else (plan.rungs, _rounded(plan.savings), _rounded(plan.least))
-            ordered = _rank_zero_plan(ordered, world_size)
-        if ordered is not None:
-            stages, savings, least = ordered
-            self.stages.set_stages(stages)
-        else:  # the stages, highest resolution first (bytes unknown: the cost cannot order them)
-            self.stages.set_stages(stages)
-            savings, least = profiling.savings(self.stages, failed)
-        return ProfileOutcome(stages, savings, least, profiling.checkpointed, profiling.oom_step, failed)
 
     def report_fallbacks(self, compression: float) -> None:
         """Say which checkpointed units keep their full input at ``compression`` (once per set)."""
@@ -388,7 +132,6 @@ class ExactRungs:
 
     def release(self) -> None:
         """The user's model as it was; the rung is kept for a next fit to apply."""
-        self.profiling = None
         if self.stages is not None:
             self.stages.release()
             self.stages = None

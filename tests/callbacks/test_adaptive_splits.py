@@ -1,6 +1,8 @@
 """AdaptiveBandLimit's micro-batch lever in a Trainer (issue 56): past the top rung the batch runs
 in chunks before any compression, the split is kept in checkpoints and given back, and a step
-that is not exact split leaves the lever off with one message."""
+that is not exact split leaves the lever off with one message. A resumed job (issue 68) keeps
+the trial's outcome: it does not try again, and a restored split the outcome does not allow is
+clamped with one warning."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import torch
 from _helpers import cpu_trainer
 from torch import nn
 
-from lightning_bandlimit.callbacks import AdaptiveBandLimit
+from lightning_bandlimit.callbacks import AdaptiveBandLimit, ladder_splits
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.memory import MemoryReading
 from lightning_bandlimit.memory.protocol import MemoryProbe
@@ -117,7 +119,38 @@ class _StopAt(pl.Callback):
         trainer.should_stop = trainer.global_step >= self.step
 
 
-def test_a_split_job_resumes_at_its_split(tmp_path: Path) -> None:
+class _Chunks(ImageClassifier):
+    """Counts the ``training_step`` calls of each training batch: its chunks (and the split
+    trial's calls, had it run again after the batch)."""
+
+    def on_train_start(self) -> None:
+        self.chunks: list[int] = []
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.chunks.append(0)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.chunks[-1] += 1
+        return super().training_step(batch, batch_idx)
+
+
+def _resume(path: Path, probe: _DeepSqueeze, tmp_path: Path) -> tuple[AdaptiveBandLimit, _Chunks]:
+    """A fresh callback and a fresh model resumed from ``path``, as a user resumes a job."""
+    resumed = _callback(probe)
+    probe.callback = resumed
+    model = _Chunks("cifar_resnet18", width=4)
+    trainer = cpu_trainer([resumed], default_root_dir=tmp_path, max_steps=18, limit_val_batches=0)
+    trainer.fit(
+        model,
+        SyntheticImageDataModule(train_size=64, val_size=8, test_size=8, batch_size=16),
+        ckpt_path=path,
+    )
+    return resumed, model
+
+
+def test_a_split_job_resumes_at_its_split(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     probe = _DeepSqueeze(until=10_000)
     callback = _callback(probe)
     probe.callback = callback
@@ -125,22 +158,83 @@ def test_a_split_job_resumes_at_its_split(tmp_path: Path) -> None:
     assert trainer.global_step == 14 and callback.split == 2
     path = tmp_path / "split.ckpt"
     trainer.save_checkpoint(path)
-    state = torch.load(path, weights_only=False)["callbacks"]
-    saved = next(v for k, v in state.items() if k.startswith("AdaptiveBandLimit"))
+    checkpoint = torch.load(path, weights_only=False)
+    key, saved = next((k, v) for k, v in checkpoint["callbacks"].items() if k.startswith("AdaptiveBandLimit"))
     assert saved["split"] == 2 and saved["controller"]["splits"] == [2, 4, 8]
+    # the trial's outcome (BatchNorm: chunks of at least 2 samples) is in the checkpoint
+    assert saved["split_trial"] == {"tried": True, "splits": [2, 4, 8], "min_chunk": 2, "reason": None}
+
+    def no_second_trial(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the split trial ran again on a resumed job")
+
+    monkeypatch.setattr(ladder_splits, "split_trial", no_second_trial)
     resumed_probe = _DeepSqueeze(until=10_000)
     resumed_probe.checks = probe.checks
-    resumed = _callback(resumed_probe)
-    resumed_probe.callback = resumed
-    trainer = cpu_trainer([resumed], default_root_dir=tmp_path, max_steps=18, limit_val_batches=0)
-    trainer.fit(
-        ImageClassifier("cifar_resnet18", width=4),
-        SyntheticImageDataModule(train_size=64, val_size=8, test_size=8, batch_size=16),
-        ckpt_path=path,
-    )
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        resumed, model = _resume(path, resumed_probe, tmp_path)
     assert [d["split"] for d in resumed.decisions] == [2] * len(resumed.decisions)
     assert resumed.controller.split_memory.points.keys() == callback.controller.split_memory.points.keys()
     assert not resumed_probe.over
+    assert resumed._splits is not None and resumed._splits.outcome == callback._splits.outcome  # type: ignore[union-attr]
+    assert resumed.controller.splits == (2, 4, 8)  # the lever stays on
+    assert model.chunks == [2, 2, 2, 2]  # every step split in 2 from the first, no trial after it
+    assert "micro-batch splits" not in caplog.text
+
+    # Edited by hand: split 8 where the outcome allows only 2 and 4: split 4, said once.
+    saved["split"], saved["split_trial"]["splits"] = 8, [2, 4]
+    edited = tmp_path / "edited.ckpt"
+    torch.save({**checkpoint, "callbacks": {**checkpoint["callbacks"], key: saved}}, edited)
+    edited_probe = _DeepSqueeze(until=10_000)
+    edited_probe.checks = probe.checks
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        clamped, model = _resume(edited, edited_probe, tmp_path)
+    said = [
+        str(w.message) for w in caught if "not one the micro-batch lever's trial allows" in str(w.message)
+    ]
+    assert len(said) == 1 and "split 8" in said[0] and "running at split 4" in said[0], said
+    assert model.chunks[0] == 4  # the first step ran at the clamped split
+    assert clamped.controller.splits == (2, 4)  # the ladder climbs only the splits the outcome allows
+    assert all(d["split"] in (1, 2, 4) for d in clamped.decisions)
+
+
+@pytest.mark.parametrize(
+    ("split", "trial", "expected"),
+    [
+        (4, {"tried": True, "splits": [2, 4, 8], "min_chunk": 1, "reason": None}, 4),  # allowed
+        (8, {"tried": True, "splits": [2, 4], "min_chunk": 1, "reason": None}, 4),  # the largest below
+        (2, {"tried": True, "splits": [], "min_chunk": 1, "reason": "a summed loss"}, 1),  # lever off
+        (4, {"tried": False}, 4),  # not tried: kept, the trial runs on the first batch
+        (4, None, 4),  # an older checkpoint: as before, the trial runs again
+    ],
+)
+def test_a_restored_split_is_reconciled_with_the_restored_trial(
+    split: int, trial: dict[str, Any] | None, expected: int
+) -> None:
+    callback = AdaptiveBandLimit(max_split=8)
+    state = {"compression": 0.0, "rung": 0, "split": split, "stages": None, "controller": {}}
+    if trial is not None:
+        state["split_trial"] = trial
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        callback.load_state_dict(state)
+    said = [str(w.message) for w in caught if "micro-batch lever's trial allows" in str(w.message)]
+    assert callback.split == expected
+    assert len(said) == (expected != split), said
+    assert callback._splits is not None and callback._splits.tried == bool(trial and trial["tried"])
+    if trial is not None and trial["tried"] and not trial["splits"]:
+        assert "a summed loss" in said[0]
+
+
+def test_a_restored_trial_keeps_the_splits_up_to_max_split() -> None:
+    callback = AdaptiveBandLimit(max_split=4)
+    trial = {"tried": True, "splits": [2, 4, 8], "min_chunk": 2, "reason": None}
+    callback.load_state_dict({"split": 8, "split_trial": trial, "controller": {}})
+    assert callback._splits is not None and callback._splits.outcome is not None
+    assert callback._splits.outcome.splits == (2, 4) and callback.split == 4
+    assert callback._splits.step.min_chunk == 2
+    assert callback.state_dict()["split_trial"] == {**trial, "splits": [2, 4]}
 
 
 class _SummedLoss(ImageClassifier):
