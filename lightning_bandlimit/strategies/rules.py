@@ -416,7 +416,7 @@ class MomentumAwareScaling(ScalingRule):
 class NoScaling(ScalingRule):
     """Keep every hyperparameter: only the data position and the schedule follow a resize.
 
-    The baseline against which the other rules are measured (``benchmarks/elastic.py``), and a
+    The baseline against which the other rules are measured (``benchmarks/elastic/elastic.py``), and a
     choice for users who rescale by hand.
 
     Example:

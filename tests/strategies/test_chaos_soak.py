@@ -1,5 +1,5 @@
 """The chaos soak, one run of each kind of fault in CI (the rates are the benchmark's:
-``benchmarks/chaos.py``, ``benchmarks/results/chaos.json`` and ``chaos_hangs.json``).
+``benchmarks/faults/chaos.py``, ``benchmarks/results/chaos.json`` and ``chaos_hangs.json``).
 
 ``--kinds torn write-kill exit-abort --faults 3``: two agents on one c10d rendezvous (loopback),
 float64, ``ExactGlobalBatch``; the newest checkpoint torn and a worker SIGKILLed, the checkpoint
@@ -21,20 +21,20 @@ import sys
 from pathlib import Path
 
 import pytest
-from _helpers import ROOT, script_env
+from _helpers import script_env
 
 pytestmark = [
     pytest.mark.slow,  # starts processes: two torchrun jobs
     pytest.mark.timeout(400),  # 90-105 s each alone on 2 cores
 ]
 
-CHAOS = ROOT / "benchmarks" / "chaos.py"
+CHAOS = ("-m", "benchmarks.faults.chaos")  # run from anywhere: script_env puts the root on the path
 KINDS = ("torn", "write-kill", "exit-abort")
 
 
 def test_a_torn_checkpoint_a_killed_writer_and_an_abort_at_exit_lose_nothing(tmp_path: Path) -> None:
     out, result_file = tmp_path / "out", tmp_path / "chaos.json"
-    command = [sys.executable, str(CHAOS), "--kinds", *KINDS, "--faults", str(len(KINDS))]
+    command = [sys.executable, *CHAOS, "--kinds", *KINDS, "--faults", str(len(KINDS))]
     command += ["--steps", "80", "--timeout", "300"]
     command += ["--out", str(out), "--json", str(result_file)]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=380, env=script_env())
@@ -57,7 +57,7 @@ HANG_TIMEOUT = 5.0
 
 def test_a_pause_is_waited_out_and_a_slow_worker_reported(tmp_path: Path) -> None:
     out, result_file = tmp_path / "out", tmp_path / "chaos.json"
-    command = [sys.executable, str(CHAOS), "--kinds", *HANG_KINDS, "--faults", "2", "--steps", "160"]
+    command = [sys.executable, *CHAOS, "--kinds", *HANG_KINDS, "--faults", "2", "--steps", "160"]
     command += [
         "--hang-timeout",
         str(HANG_TIMEOUT),
