@@ -14,7 +14,7 @@ Three exact algorithms share one band semantics:
 ``"auto"`` estimates the time of one forward and backward pass of each from a fixed cost
 model (multiply-adds at a measured rate per kind of kernel, plus the filter spectrum's memory
 traffic) and takes the cheapest; the choice is cached per shape. The model was fitted on a
-2-core x86 CPU with the ResNet-18 layer shapes of ``benchmarks/conv.py``; it is deterministic
+2-core x86 CPU with the ResNet-18 layer shapes of ``benchmarks/speed/conv.py``; it is deterministic
 (no timing at run time), so every process and every rank makes the same choice. In memory-lean
 training a layer whose kept output spectrum is smaller than its output stays spectral: only that
 algorithm can hand the next BatchNorm its input as that spectrum (:mod:`.lean.sources`).

@@ -54,7 +54,7 @@ __all__ = [
 # hold more than this many numbers per input sample: a small grid at a small compression, where
 # the padded grid's band keeps nearly every coefficient. Band-limiting there costs transforms
 # and backward working memory and drops almost nothing (the README's "What the compression
-# means" gives the measured cost; ``benchmarks/ladder_memory.py`` measures it).
+# means" gives the measured cost; ``benchmarks/memory/ladder_memory.py`` measures it).
 SPECTRUM_PER_SAMPLE = 1.1
 
 

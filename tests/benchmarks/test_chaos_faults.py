@@ -1,19 +1,17 @@
 """The chaos soak's faults that stop a worker: reading the agents' logs, what each fault cost,
-what each kind expects, the table (``benchmarks/_chaos_judge.py``), and the driver's stopped
-targets (``benchmarks/chaos.py``: ``Target``, ``Cycler``) on a ``sleep`` process."""
+what each kind expects, the table (``benchmarks/faults/chaos_judge.py``), and the driver's stopped
+targets (``benchmarks/faults/chaos.py``: ``Target``, ``Cycler``) on a ``sleep`` process."""
 
 import doctest
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import _chaos_judge  # noqa: E402
-from _chaos_judge import (  # noqa: E402
+from benchmarks.faults import chaos_judge
+from benchmarks.faults.chaos_judge import (
     ABORT_MARK,
     Generation,
     LogWatch,
@@ -27,14 +25,13 @@ from _chaos_judge import (  # noqa: E402
     parse_watchdog,
     time_lost,
 )
-
 from lightning_bandlimit.health.stragglers import Straggler  # noqa: E402
 
 HANG = 10.0
 
 
 def test_the_judges_examples_hold() -> None:
-    failed, tried = doctest.testmod(_chaos_judge)
+    failed, tried = doctest.testmod(chaos_judge)
     assert tried >= 5 and failed == 0
 
 

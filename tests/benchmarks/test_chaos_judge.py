@@ -1,15 +1,13 @@
-"""The chaos soak's judgement (``benchmarks/_chaos_judge.py``) catches each flaw it is there for.
+"""The chaos soak's judgement (``benchmarks/faults/chaos_judge.py``) catches each flaw it is there for.
 
 Histories are written as the soak's workers write them (one JSON-lines file per generation and
 rank), with 8 samples, a global batch of 4 in micro-batches of 2: 2 steps per epoch.
 """
 
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from _chaos_judge import judge, read_generations  # noqa: E402
+from benchmarks.faults.chaos_judge import judge, read_generations
 
 DATASET, GLOBAL, MICRO, STEPS = 8, 4, 2, 4
 # the uninterrupted run's samples per step (epoch 0: a permutation, epoch 1: another)

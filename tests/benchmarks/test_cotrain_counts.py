@@ -1,11 +1,8 @@
-"""The scenario's lever changes count what a job's steps ran with (``benchmarks/cotrain.py``)."""
+"""The scenario's lever changes count what a job's steps ran with (``benchmarks/tenants/cotrain.py``)."""
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from cotrain import _changes, _reversals  # noqa: E402
+from benchmarks.tenants.cotrain import count_changes, count_reversals
 
 
 def _job(*steps: tuple[int, int, float]) -> SimpleNamespace:
@@ -17,10 +14,10 @@ def _job(*steps: tuple[int, int, float]) -> SimpleNamespace:
 def test_a_first_step_profiled_checkpointed_is_not_a_change() -> None:
     # a newcomer's first step runs with every unit checkpointed while its rung still reads 0
     arrival = _job((0, 8, 0.0), (4, 8, 0.0), (4, 8, 0.0), (0, 0, 0.0))
-    assert _changes(arrival) == 1 and _reversals(arrival) == 0
+    assert count_changes(arrival) == 1 and count_reversals(arrival) == 0
 
 
 def test_climbs_releases_and_compressions_count_and_reversals_are_direction_changes() -> None:
     job = _job((0, 0, 0.0), (2, 4, 0.0), (4, 8, 0.0), (4, 8, 0.3), (4, 8, 0.0), (0, 0, 0.0), (4, 8, 0.0))
-    assert _changes(job) == 6
-    assert _reversals(job) == 2  # up, up, up, down, down, up: two turns
+    assert count_changes(job) == 6
+    assert count_reversals(job) == 2  # up, up, up, down, down, up: two turns

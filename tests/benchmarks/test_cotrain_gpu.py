@@ -1,4 +1,4 @@
-"""``benchmarks/cotrain_gpu.py`` runs its whole flow without a GPU (nothing squeezed): a smoke test."""
+"""``benchmarks/tenants/cotrain_gpu.py`` runs its whole flow without a GPU (nothing squeezed): smoke test."""
 
 import json
 import os
@@ -17,13 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_set_runs_its_jobs_in_turn_and_writes_what_each_measured(tmp_path: Path) -> None:
     command = [
         sys.executable,
-        str(ROOT / "benchmarks" / "cotrain_gpu.py"),
+        *("-m", "benchmarks.tenants.cotrain_gpu"),
         *("--seeds", "0", "--rows", "plain", "coordinated", "--width", "4", "--epochs", "1"),
         *("--train-size", "64", "--val-size", "16", "--batch-size", "16", "--stagger-steps", "2"),
         *("--work", str(tmp_path / "work"), "--output", str(tmp_path / "out"), "--timeout", "120"),
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run(command, check=True, env=env, timeout=300, capture_output=True)
+    subprocess.run(command, check=True, env=env, timeout=300, capture_output=True, cwd=ROOT)
     result = json.loads((tmp_path / "out" / "cotrain_gpu.json").read_text())
     assert result["device"] == "cpu"
     assert [r["row"] for r in result["records"]] == ["plain", "coordinated"]

@@ -1,16 +1,14 @@
-"""The checkpointing Pareto benchmark's pieces, run tiny (``benchmarks/recompute_pareto.py``)."""
+"""The checkpointing Pareto benchmark's pieces, run tiny (``benchmarks/memory/recompute_pareto.py``)."""
 
 import inspect
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import recompute_pareto as rp  # noqa: E402
+from benchmarks.memory import recompute_pareto as rp
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from _helpers import ROOT, run_python
+from _helpers import run_python
 
 SINGLE_RANK_GROUP = """
 import torch.distributed as dist
@@ -81,13 +81,13 @@ def test_close_at_exit_closes_the_group_after_an_uncaught_exception() -> None:
     assert proc.stdout.strip() == "closing"
 
 
-@pytest.mark.slow  # one two-process run of the command line (the rate: benchmarks/exit_rate.py --runs 20)
+@pytest.mark.slow  # one two-process run of the command line (the rate: benchmarks.faults.exit_rate --runs 20)
 def test_a_two_process_command_line_run_exits_zero_with_no_abort(tmp_path: Path) -> None:
     # Before the group was closed at exit, about 1 run in 6 ended a rank with "terminate called
     # without an active exception" after a successful fit (a child rank: the launcher's status 0).
     result_file = tmp_path / "exit_rate.json"
     proc = run_python(
-        str(ROOT / "benchmarks" / "exit_rate.py"),
+        *("-m", "benchmarks.faults.exit_rate"),
         "--runs",
         "1",
         "--json",

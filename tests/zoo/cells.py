@@ -1,5 +1,5 @@
 """The conformance cells of the model zoo, one function per lever; shared by ``tests/zoo`` and
-``benchmarks/zoo_matrix.py``.
+``benchmarks/zoo/zoo_matrix.py``.
 
 Each cell builds its own model (so one failure does not spill into another), raises
 ``AssertionError`` when the model does not conform and returns a small dict of what it measured.
@@ -21,8 +21,9 @@ from zoo.models import batch, build
 from lightning_bandlimit import SavedTensorMeter, bandlimit, set_compression
 from lightning_bandlimit.ladder import LadderController, Setting
 from lightning_bandlimit.microbatch import split_batch, split_trial
-from lightning_bandlimit.recompute.stages import CheckpointStages, checkpoint_units
+from lightning_bandlimit.recompute.rungs import CheckpointRungs
 from lightning_bandlimit.recompute.trial import trial
+from lightning_bandlimit.recompute.unit_choice import checkpoint_units
 
 SEED = 1234
 FLOOR = 1.0  # each gradient's error is relative to max(its norm, FLOOR * the norm of all)
@@ -184,7 +185,7 @@ def rungs_exact(name: str, compression: float) -> dict[str, Any]:
 def _rungs_exact(name: str, compression: float, dtype: torch.dtype, rtol: float) -> dict[str, Any]:
     model = bandlimit(build(name, dtype), compression)
     x, y = batch(name, dtype=dtype)
-    stages = CheckpointStages(checkpoint_units(model))
+    stages = CheckpointRungs(checkpoint_units(model))
     with stages.profile(exclude=model.parameters()) as profile:  # rung 0: nothing checkpointed
         _, loss = forward_backward(model, x, y)
     assert torch.isfinite(loss), f"rung 0: loss {loss}"
@@ -225,7 +226,7 @@ def cost_rungs_exact(name: str) -> dict[str, Any]:
 def _cost_rungs_exact(name: str, dtype: torch.dtype, rtol: float) -> dict[str, Any]:
     model = bandlimit(build(name, dtype), 0.0)
     x, y = batch(name, dtype=dtype)
-    stages = CheckpointStages(checkpoint_units(model))
+    stages = CheckpointRungs(checkpoint_units(model))
     with stages.profile(exclude=model.parameters(), record=2) as profile:
         forward_backward(model, x, y)
     # as the callback does: a unit whose pointwise mode is not exact on its samples keeps only
@@ -271,7 +272,7 @@ def step_squeeze(name: str) -> dict[str, Any]:
     :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` uses, with its defaults."""
     model = bandlimit(build(name), 0.0)
     x, y = batch(name)
-    stages = CheckpointStages(checkpoint_units(model))
+    stages = CheckpointRungs(checkpoint_units(model))
     with stages.profile(exclude=model.parameters()) as profile:
         forward_backward(model, x, y)
     stages.set_stages(profile.stages())

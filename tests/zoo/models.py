@@ -1,4 +1,4 @@
-"""The model zoo of the conformance suite: one table shared by ``tests/zoo`` and ``benchmarks/zoo_matrix.py``.
+"""The model zoo of the conformance suite: one table for ``tests/zoo`` and ``benchmarks/zoo/zoo_matrix.py``.
 
 Each entry builds a fresh, randomly initialised classifier (``num_classes`` outputs, nothing
 downloaded): the smallest torchvision model of each classification family, and a few timm CNN
@@ -35,7 +35,7 @@ class ZooModel:
     build: Callable[[], nn.Module]
     size: int = 32
     source: str = "torchvision"
-    min_size: int = 32  # the smallest input side it runs on (``benchmarks/zoo_matrix.py --size``)
+    min_size: int = 32  # the smallest input side it runs on (``benchmarks/zoo/zoo_matrix.py --size``)
 
 
 def _tv(name: str, **kwargs: object) -> Callable[[], nn.Module]:

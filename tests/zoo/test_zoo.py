@@ -7,7 +7,7 @@ every model, and in training mode on every model without BatchNorm; BatchNorm's 
 difference recorded).
 
 Known failures are listed in :data:`KNOWN` (strict ``xfail``: a fix makes them pass loudly).
-Run alone with ``pytest -m zoo``; ``benchmarks/zoo_matrix.py`` prints the same cells as a matrix.
+Run alone with ``pytest -m zoo``; ``benchmarks/zoo/zoo_matrix.py`` prints the same cells as a matrix.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""What the benchmarks share: result provenance (command, commit, versions), allocator, statistics."""

@@ -1,0 +1,1 @@
+"""Memory benchmarks: bytes kept for backward per rung and per compression, and what each exact byte costs."""

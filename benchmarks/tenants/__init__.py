@@ -1,0 +1,1 @@
+"""Tenant benchmarks: jobs sharing one memory budget with a co-tenant or with each other (CPU and GPU)."""
