@@ -1,9 +1,12 @@
 """``AdaptiveBandLimit``: move a job's levers (checkpointing, micro-batch split, compression) with
 the device's free memory. The callback is Lightning's hooks and the one owner of the setting the
 job runs at (``_move_to``); beside it: ``ladder_stages`` (exact rungs), ``ladder_profile`` (the
-first step, which measures them), ``ladder_splits`` (the micro-batch lever), ``ladder_decisions``
-(what a check reads and records), ``ladder_events`` (the controller's one feeder) and
-``ladder_backstop`` (the out-of-memory backstop)."""
+first step, which measures them), ``ladder_splits`` (the micro-batch lever), ``ladder_check``
+(when a check runs; read, agree, decide) over ``ladder_reading``, ``ladder_step_peak`` and
+``ladder_drift`` (what a check reads), ``ladder_agreement`` (the ranks' agreement),
+``ladder_records`` (what it records and logs) and ``ladder_coordinator`` (what decides beside the
+ladder), ``ladder_events`` (the controller's one feeder) and ``ladder_backstop`` (the
+out-of-memory backstop)."""
 
 from __future__ import annotations
 
@@ -20,18 +23,14 @@ from typing_extensions import override
 from lightning_bandlimit.callbacks.band_limit import BandLimit
 from lightning_bandlimit.callbacks.ladder_backstop import OutOfMemoryBackstop
 from lightning_bandlimit.callbacks.ladder_check import LadderCheck
-from lightning_bandlimit.callbacks.ladder_decisions import (
-    Coordinator,
-    JobMemory,
-    StepPeak,
-    decision_record,
-    describe_change,
-    log_decision,
-)
+from lightning_bandlimit.callbacks.ladder_coordinator import Coordinator
 from lightning_bandlimit.callbacks.ladder_events import LadderEvents
 from lightning_bandlimit.callbacks.ladder_profile import FirstStep
+from lightning_bandlimit.callbacks.ladder_reading import JobMemory
+from lightning_bandlimit.callbacks.ladder_records import decision_record, describe_change, log_decision
 from lightning_bandlimit.callbacks.ladder_splits import SplitLever
 from lightning_bandlimit.callbacks.ladder_stages import ExactRungs, find_stages
+from lightning_bandlimit.callbacks.ladder_step_peak import StepPeak
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.reasons import OOM
 from lightning_bandlimit.ladder.setting import Decision, Setting

@@ -1,6 +1,6 @@
 """A check of :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit` (:class:`LadderCheck`):
 every ``check_every_n_steps`` training steps it reads the device and the job
-(:class:`~lightning_bandlimit.callbacks.ladder_decisions.ProbeReader`), lets the ranks agree on
+(:class:`~lightning_bandlimit.callbacks.ladder_reading.ProbeReader`), lets the ranks agree on
 what they read (under DDP), gives the controller the step's measured peak, lets it decide, says
 once when the job's own baseline drifts, and lets the peers' shared rule have the last word
 (``SharedDevice``). The callback applies the decision (as ``EarlyStopping`` evaluates, then acts).
@@ -14,14 +14,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_bandlimit.callbacks.ladder_decisions import (
-    BaselineDrift,
-    Coordinator,
-    JobMemory,
-    ProbeReader,
-    StepPeak,
-)
+from lightning_bandlimit.callbacks.ladder_coordinator import Coordinator
+from lightning_bandlimit.callbacks.ladder_drift import BaselineDrift
 from lightning_bandlimit.callbacks.ladder_events import LadderEvents
+from lightning_bandlimit.callbacks.ladder_reading import JobMemory, ProbeReader
+from lightning_bandlimit.callbacks.ladder_step_peak import StepPeak
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.memory.protocol import MemoryProbe
 
@@ -65,7 +62,7 @@ class LadderCheck:
 
     def read(self, probe: MemoryProbe, device: torch.device | None, peak: StepPeak) -> JobMemory | None:
         """What the probe reads of the device and the job, with the metered ``peak``
-        (:class:`~.ladder_decisions.ProbeReader`): ``None`` (said once per cause) if the probe
+        (:class:`~.ladder_reading.ProbeReader`): ``None`` (said once per cause) if the probe
         failed, the check skipped; after ``PROBE_FAILURES_TO_STOP`` in a row :attr:`reader`
         says ``stopped``."""
         return self.reader.read(probe, device, peak.bytes, peak.base)

@@ -13,7 +13,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from lightning_bandlimit.callbacks.ladder_decisions import Coordinator, JobMemory, agree_across_ranks
+from lightning_bandlimit.callbacks.ladder_agreement import agree_across_ranks
+from lightning_bandlimit.callbacks.ladder_coordinator import Coordinator
+from lightning_bandlimit.callbacks.ladder_reading import JobMemory
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.memory.protocol import MemoryReading
@@ -65,7 +67,7 @@ class LadderEvents:
     def ranks_agreed(
         self, strategy: Any, mine: JobMemory | None, device: torch.device | None
     ) -> JobMemory | None:
-        """What every rank decides from (:func:`~.ladder_decisions.agree_across_ranks`, one
+        """What every rank decides from (:func:`~.ladder_agreement.agree_across_ranks`, one
         collective), given what this rank read (``None``: its probe failed); the agreed top rung
         and continuum go to the controller. ``None``: a rank had no reading, every rank skips the
         check (said once)."""

@@ -23,9 +23,9 @@ from typing import Any, NamedTuple
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from lightning_bandlimit.callbacks.ladder_decisions import StepPeak
 from lightning_bandlimit.callbacks.ladder_events import LadderEvents
 from lightning_bandlimit.callbacks.ladder_stages import ExactRungs
+from lightning_bandlimit.callbacks.ladder_step_peak import StepPeak
 from lightning_bandlimit.ladder.setting import Setting
 from lightning_bandlimit.recompute.plan import RungPlan, parse_move
 from lightning_bandlimit.recompute.profile import UnitProfile

@@ -16,7 +16,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from lightning_bandlimit.callbacks.adaptive_band_limit import AdaptiveBandLimit
-from lightning_bandlimit.callbacks.ladder_decisions import Coordinated, held_bytes, process_memory
+from lightning_bandlimit.callbacks.ladder_coordinator import Coordinated
+from lightning_bandlimit.callbacks.ladder_reading import held_bytes, process_memory
 from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
 from lightning_bandlimit.ladder.setting import Decision, Setting
 from lightning_bandlimit.memory.protocol import ProbeUnavailable
@@ -235,7 +236,7 @@ class SharedDevice(Callback):
     def _process_memory(self) -> dict[int, int]:
         """The device's per-process memory, when the probe measures it and its process ids are
         this job's (NVML gives the host's, which a container renumbers: then none is taken). A
-        probe failing to list them, in any way (:func:`~.ladder_decisions.process_memory`), is
+        probe failing to list them, in any way (:func:`~.ladder_reading.process_memory`), is
         said once and read for them no more."""
         probe = self._adaptive.probe if self._adaptive is not None else None
         if probe is None or self._by_process is False:

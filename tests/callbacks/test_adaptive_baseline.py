@@ -14,7 +14,8 @@ import torch
 from _helpers import cpu_trainer
 
 from lightning_bandlimit.callbacks import AdaptiveBandLimit
-from lightning_bandlimit.callbacks.ladder_decisions import StepPeak, read_job
+from lightning_bandlimit.callbacks.ladder_reading import read_job
+from lightning_bandlimit.callbacks.ladder_step_peak import StepPeak
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.memory import MemoryReading, ScriptedProbe
 from lightning_bandlimit.memory.protocol import MemoryProbe

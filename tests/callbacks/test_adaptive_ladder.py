@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning_bandlimit import bandlimited_layers
 from lightning_bandlimit.callbacks import AdaptiveBandLimit
 from lightning_bandlimit.callbacks import adaptive_band_limit as adaptive_module
-from lightning_bandlimit.callbacks.ladder_decisions import JobMemory
+from lightning_bandlimit.callbacks.ladder_reading import JobMemory
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.ladder import Setting
 from lightning_bandlimit.memory import MemoryReading, ScriptedProbe

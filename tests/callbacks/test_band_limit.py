@@ -11,7 +11,7 @@ from torch import nn
 
 from lightning_bandlimit import BandLimitedConv2d, bandlimited_layers
 from lightning_bandlimit.callbacks import BandLimit
-from lightning_bandlimit.callbacks.band_limit import (
+from lightning_bandlimit.callbacks.band_limit_checkpoint import (
     band_limit_states,
     bandlimit_as_saved,
     compression_from_checkpoint,

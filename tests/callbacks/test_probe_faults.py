@@ -18,7 +18,7 @@ import torch
 from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer, run_ddp_script
 
 from lightning_bandlimit.callbacks import AdaptiveBandLimit, SharedDevice
-from lightning_bandlimit.callbacks.ladder_decisions import PROBE_FAILURES_TO_STOP, held_bytes
+from lightning_bandlimit.callbacks.ladder_reading import PROBE_FAILURES_TO_STOP, held_bytes
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.ladder import Setting
 from lightning_bandlimit.memory import MemoryReading, ProbeUnavailable, ScriptedProbe

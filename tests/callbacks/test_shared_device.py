@@ -15,7 +15,7 @@ from _helpers import SCRIPTED_ADAPTIVE, cpu_trainer
 from lightning.pytorch.callbacks import Callback
 
 from lightning_bandlimit.callbacks import AdaptiveBandLimit, SharedDevice
-from lightning_bandlimit.callbacks.ladder_decisions import held_bytes
+from lightning_bandlimit.callbacks.ladder_reading import held_bytes
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.ladder import Decision, Setting
 from lightning_bandlimit.memory import MemoryProbe, MemoryReading, ProbeUnavailable, ScriptedProbe

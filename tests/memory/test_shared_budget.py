@@ -166,7 +166,7 @@ def test_adaptive_callback_raises_compression_when_the_cotenant_eats_the_budget(
     def no_meter(*args: object, **kwargs: object) -> None:
         raise AssertionError("the budget probe measures the job: no saved-tensor meter on the step")
 
-    monkeypatch.setattr("lightning_bandlimit.callbacks.ladder_decisions.SavedTensorMeter", no_meter)
+    monkeypatch.setattr("lightning_bandlimit.callbacks.ladder_step_peak.SavedTensorMeter", no_meter)
     # A budget the job fits with 256 MiB to spare, and a co-tenant that takes all of it.
     trace = RampTrace(low=0, high=320 * MIB, start=0.3, ramp=0.1, leave=0.7)
     budget = resident_bytes() + 256 * MIB
