@@ -49,7 +49,8 @@ import torch
 from benchmarks.common.provenance import RESULTS, git_commit, git_dirty
 from lightning_bandlimit.jobs.main_job import DEFAULT_OVERRIDES
 from lightning_bandlimit.jobs.multitenant import JobResult, JobSpec, launch
-from lightning_bandlimit.recipes.results.study import DECISIVE_LOSS, aggregate, paired_differences, verdicts
+from lightning_bandlimit.recipes.results.study import aggregate, paired_differences
+from lightning_bandlimit.recipes.results.verdict import DECISIVE_LOSS, verdicts
 from lightning_bandlimit.recipes.robustness import main as robustness
 from lightning_bandlimit.utils.files import atomic_write_json
 

@@ -30,13 +30,12 @@ from torch import nn
 from lightning_bandlimit.functional.lean.conv import lean_conv
 from lightning_bandlimit.functional.lean.ops import (
     BatchNormFunction,
-    MaxPool2dFunction,
     ReluFunction,
     lean_batch_norm,
-    lean_max_pool2d,
     lean_relu,
     lean_wanted,
 )
+from lightning_bandlimit.functional.lean.pool import MaxPool2dFunction, lean_max_pool2d
 from lightning_bandlimit.functional.lean.sources import lookup, quiet
 from lightning_bandlimit.functional.spatial_conv import SpatialConvFunction
 from lightning_bandlimit.functional.spectral_kernel import FFTConvFunction

@@ -5,7 +5,8 @@ side-by-side report (``lightning-bandlimit robustness``); its parts: the attack 
 band-restricted threat models (:class:`BandPGD`, :class:`BandNoise`), the Fourier heat map and
 the sanity checks; threat models in a model's own band (:func:`input_band`: what its input
 layer keeps and drops), and several checkpoints per variant with a computed verdict
-(:mod:`~lightning_bandlimit.recipes.results.study`).
+(:mod:`~lightning_bandlimit.recipes.results.study`,
+:mod:`~lightning_bandlimit.recipes.results.verdict`).
 """
 
 from lightning_bandlimit.recipes.evaluation.evaluate import RobustnessReport, evaluate_robustness

@@ -12,14 +12,12 @@ from lightning_bandlimit.strategies.registry import rule_from_name, rule_names
 from lightning_bandlimit.strategies.rules import (
     KeepGlobalBatch,
     LinearScaling,
-    MicroBatchPlan,
     MomentumAwareScaling,
     NoScaling,
-    ScalingRule,
     SquareRootScaling,
-    TrainingConfig,
     default_rule,
 )
+from lightning_bandlimit.strategies.scaling_rule import MicroBatchPlan, ScalingRule, TrainingConfig
 from lightning_bandlimit.strategies.schedules import SampleSchedule, lr_multiplier, rescale_base_lrs
 from lightning_bandlimit.strategies.stability import StabilityGuard
 

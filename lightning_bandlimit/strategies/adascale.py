@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lightning_bandlimit.strategies.rules import GainTracker, NoScaling
+from lightning_bandlimit.strategies.rules import NoScaling
+from lightning_bandlimit.strategies.scaling_rule import GainTracker
 from lightning_bandlimit.utils.validation import check_int, check_real
 
 __all__ = [
@@ -241,7 +242,7 @@ class AdaScaleGain:
 
 
 class AdaScaleTracker(GainTracker):
-    """:class:`AdaScale`'s :class:`~lightning_bandlimit.strategies.rules.GainTracker`: measures the
+    """:class:`AdaScale`'s :class:`~lightning_bandlimit.strategies.scaling_rule.GainTracker`: measures the
     gradient statistics through a DDP communication hook and gives the LR gain they imply.
 
     Args:

@@ -72,12 +72,8 @@ from lightning_bandlimit.strategies.elastic_resume import (
 )
 from lightning_bandlimit.strategies.elastic_rollback import RollbackWatch
 from lightning_bandlimit.strategies.optimizer_config import read_optimizer
-from lightning_bandlimit.strategies.rules import (
-    GainTracker,
-    ScalingRule,
-    TrainingConfig,
-    default_rule,
-)
+from lightning_bandlimit.strategies.rules import default_rule
+from lightning_bandlimit.strategies.scaling_rule import GainTracker, ScalingRule, TrainingConfig
 from lightning_bandlimit.strategies.schedules import SampleSchedule
 from lightning_bandlimit.strategies.stability import StabilityGuard
 from lightning_bandlimit.strategies.step_lr import StepLRFactor

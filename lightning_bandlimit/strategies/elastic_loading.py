@@ -35,7 +35,7 @@ from lightning_bandlimit.strategies.elastic_data import (
 )
 from lightning_bandlimit.strategies.elastic_resume import ResumeState
 from lightning_bandlimit.strategies.elastic_sampler import ElasticSampler
-from lightning_bandlimit.strategies.rules import MicroBatchPlan, ScalingRule
+from lightning_bandlimit.strategies.scaling_rule import MicroBatchPlan, ScalingRule
 
 __all__ = ["ElasticLoading"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from lightning_bandlimit.strategies.elastic_resize import Rewarm
 from lightning_bandlimit.strategies.elastic_resume import ResumeState
-from lightning_bandlimit.strategies.rules import ScalingRule, TrainingConfig
+from lightning_bandlimit.strategies.scaling_rule import ScalingRule, TrainingConfig
 
 __all__ = ["ElasticProgress"]
 

@@ -21,7 +21,7 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from lightning_bandlimit.strategies.optimizer_config import apply_to_optimizer
-from lightning_bandlimit.strategies.rules import TrainingConfig
+from lightning_bandlimit.strategies.scaling_rule import TrainingConfig
 from lightning_bandlimit.strategies.schedules import SampleSchedule, rescale_base_lrs
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from lightning_bandlimit.strategies.elastic_resize import Rewarm
-from lightning_bandlimit.strategies.rules import ScalingRule, TrainingConfig
+from lightning_bandlimit.strategies.scaling_rule import ScalingRule, TrainingConfig
 
 __all__ = [
     "CHECKPOINT_KEY",

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from lightning_bandlimit.strategies.rules import MicroBatchPlan, ScalingRule, TrainingConfig
+from lightning_bandlimit.strategies.scaling_rule import MicroBatchPlan, ScalingRule, TrainingConfig
 from lightning_bandlimit.utils.validation import check_int, check_real
 
 __all__ = ["ExactGlobalBatch"]

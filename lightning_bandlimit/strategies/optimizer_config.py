@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_bandlimit.strategies.rules import TrainingConfig
+from lightning_bandlimit.strategies.scaling_rule import TrainingConfig
 
 __all__ = ["apply_to_optimizer", "read_optimizer"]
 

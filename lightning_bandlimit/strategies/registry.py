@@ -11,9 +11,9 @@ from lightning_bandlimit.strategies.rules import (
     LinearScaling,
     MomentumAwareScaling,
     NoScaling,
-    ScalingRule,
     SquareRootScaling,
 )
+from lightning_bandlimit.strategies.scaling_rule import ScalingRule
 from lightning_bandlimit.utils.validation import check_choice
 
 __all__ = ["rule_from_name", "rule_names"]

@@ -19,13 +19,8 @@ from torch import nn
 
 from lightning_bandlimit import bandlimit
 from lightning_bandlimit.functional.lean.conv import lean_conv
-from lightning_bandlimit.functional.lean.ops import (
-    lean_batch_norm,
-    lean_max_pool2d,
-    lean_relu,
-    pack_mask,
-    unpack_mask,
-)
+from lightning_bandlimit.functional.lean.ops import lean_batch_norm, lean_relu, pack_mask, unpack_mask
+from lightning_bandlimit.functional.lean.pool import lean_max_pool2d
 from lightning_bandlimit.layers.lean import LeanModule
 
 LAYOUTS = ["contiguous", "channels_last", "transposed", "sliced"]

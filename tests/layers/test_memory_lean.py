@@ -21,7 +21,8 @@ from lightning_bandlimit.functional import fft_conv2d
 from lightning_bandlimit.functional.dft_plan import dft_plan
 from lightning_bandlimit.functional.geometry import resolve_geometry
 from lightning_bandlimit.functional.lean import sources
-from lightning_bandlimit.functional.lean.ops import lean_max_pool2d, lean_relu, pack_mask, unpack_mask
+from lightning_bandlimit.functional.lean.ops import lean_relu, pack_mask, unpack_mask
+from lightning_bandlimit.functional.lean.pool import lean_max_pool2d
 from lightning_bandlimit.functional.spectral_kernel import _batch_slices
 from lightning_bandlimit.functional.spectrum_split import input_plan, spectrum_bytes
 from lightning_bandlimit.layers.lean import LeanBatchNorm2d, LeanModule, LeanReLU

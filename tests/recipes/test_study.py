@@ -9,13 +9,8 @@ import pytest
 from scipy import stats
 
 from lightning_bandlimit.recipes.results.records import RobustnessRecord, WorstCaseRecord
-from lightning_bandlimit.recipes.results.study import (
-    aggregate,
-    paired_differences,
-    study_markdown,
-    threat_class,
-    verdicts,
-)
+from lightning_bandlimit.recipes.results.study import aggregate, paired_differences, threat_class
+from lightning_bandlimit.recipes.results.verdict import study_markdown, verdicts
 
 NOISE = "random noise"
 

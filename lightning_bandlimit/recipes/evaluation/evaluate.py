@@ -41,7 +41,7 @@ from lightning_bandlimit.recipes.results.sanity import (
     check_eps_zero,
     check_monotonic,
 )
-from lightning_bandlimit.recipes.results.study import study_markdown
+from lightning_bandlimit.recipes.results.verdict import study_markdown
 from lightning_bandlimit.recipes.threats import AttackSpec
 from lightning_bandlimit.utils.files import atomic_write
 

@@ -3,7 +3,7 @@
 A module is taken as it is (it must be in eval mode); a checkpoint of our
 :class:`~lightning_bandlimit.models.ImageClassifier` is loaded and band-limited again as the
 ``BandLimit`` / ``AdaptiveBandLimit`` callback saved it
-(:func:`~lightning_bandlimit.callbacks.band_limit.band_limit_states`).
+(:func:`~lightning_bandlimit.callbacks.band_limit_checkpoint.band_limit_states`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lightning_bandlimit.callbacks.band_limit import (
+from lightning_bandlimit.callbacks.band_limit_checkpoint import (
     band_limit_states,
     bandlimit_as_saved,
     compression_from_checkpoint,
