@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import shlex
 import shutil
 import time
@@ -43,10 +42,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import lightning
 import torch
 
-from benchmarks.common.provenance import RESULTS, git_commit, git_dirty
+from benchmarks.common.provenance import RESULTS, git_commit, git_dirty, versions
 from lightning_bandlimit.jobs.main_job import DEFAULT_OVERRIDES
 from lightning_bandlimit.jobs.multitenant import JobResult, JobSpec, launch
 from lightning_bandlimit.recipes.results.study import aggregate, paired_differences
@@ -267,11 +265,7 @@ def main() -> None:
         "training_s": training_s,
         "evaluation_s": evaluation_s,
         "wall_s": time.perf_counter() - started,
-        "versions": {
-            "torch": torch.__version__,
-            "lightning": lightning.__version__,
-            "python": platform.python_version(),
-        },
+        "versions": versions(),
         "threads": torch.get_num_threads(),
     }
     path = args.output / f"{args.name}.json"

@@ -29,6 +29,7 @@ __all__ = [
     "git_commit",
     "git_dirty",
     "stamp",
+    "versions",
     "write_result",
 ]
 
@@ -60,26 +61,36 @@ def device_name(device: Any) -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def git_commit() -> str | None:
-    """``git rev-parse HEAD`` of the repository, or ``None`` if unavailable."""
+def _git(*args: str) -> str | None:
+    """``git <args>``'s output in the repository, or ``None`` if git is missing or fails."""
     try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
-        )
+        done = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return (done.stdout.strip() or None) if done.returncode == 0 else None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_commit() -> str | None:
+    """``git rev-parse HEAD`` of the repository, or ``None`` if unavailable."""
+    return _git("rev-parse", "HEAD") or None
 
 
 def git_dirty() -> bool | None:
     """Whether the working tree has uncommitted changes, or ``None`` if unknown."""
-    try:
-        done = subprocess.run(
-            ["git", "status", "--porcelain"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(done.stdout.strip()) if done.returncode == 0 else None
+    status = _git("status", "--porcelain")
+    return None if status is None else bool(status)
+
+
+def versions() -> dict[str, str]:
+    """The versions a training result depends on: torch, Lightning and Python."""
+    import lightning
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def stamp(module: str | None = None, argv: Sequence[str] | None = None) -> dict[str, Any]:

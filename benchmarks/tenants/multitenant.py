@@ -51,16 +51,14 @@ defaults, the main job's training: 3 seeds x 13 jobs x 3 epochs of 8192 images i
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-import lightning
 import torch
 
-from benchmarks.common.provenance import RESULTS, stamp
+from benchmarks.common.provenance import RESULTS, stamp, versions
 from benchmarks.common.stats import PairedDifference
 from lightning_bandlimit.jobs.multitenant import (
     HOST_ALLOCATOR_ENV,
@@ -403,11 +401,7 @@ def main() -> None:
         "table": lines,
         "verdicts": verdicts,
         "wall_s": time.perf_counter() - started,
-        "versions": {
-            "torch": torch.__version__,
-            "lightning": lightning.__version__,
-            "python": platform.python_version(),
-        },
+        "versions": versions(),
         "threads": torch.get_num_threads(),
     }
     json_path, png_path = args.output / f"{args.name}.json", args.output / f"{args.name}.png"
