@@ -43,7 +43,7 @@ CELLS = (
 #: the models the ``compile`` cell runs on (torch.compile is slow to warm up on CPU)
 COMPILE_MODELS = ("resnet50", "mobilenet_v3_small", "timm/resnet18")
 #: the compile cell's models that also train on at other compressions, counting recompiles
-RECOMPILE_MODELS = ("resnet50",)
+RECOMPILE_MODELS = ("timm/resnet18",)
 #: the models the ``ladder_in_trainer`` cell runs on (a ``fit`` of 15-25 steps each): a ResNet
 #: (the continuum on the top rung), a MobileNet and a timm RegNet (on rung 0)
 LADDER_MODELS = ("resnet18", "vgg11_bn", "densenet121", "mobilenet_v3_small", "timm/regnetx_002")
