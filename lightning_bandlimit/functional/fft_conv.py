@@ -17,15 +17,10 @@ from lightning_bandlimit.functional.band_projection import projection_plan_for
 from lightning_bandlimit.functional.dft_plan import DFTPlan
 from lightning_bandlimit.functional.geometry import ConvGeometry, IntOrTuple
 from lightning_bandlimit.functional.lean.conv import lean_conv
+from lightning_bandlimit.functional.lean.handoff import engage, lookup, publish
 from lightning_bandlimit.functional.lean.ops import lean_wanted
-from lightning_bandlimit.functional.lean.sources import (
-    Saved,
-    engage,
-    hands_spectrum_on,
-    keeps_spectra,
-    lookup,
-    publish,
-)
+from lightning_bandlimit.functional.lean.regions import hands_spectrum_on, keeps_spectra
+from lightning_bandlimit.functional.lean.sources import Saved
 from lightning_bandlimit.functional.spatial_conv import SpatialConvFunction, spatial_conv
 from lightning_bandlimit.functional.spectral_kernel import (
     KEEP_SMALLER,
@@ -177,7 +172,7 @@ def band_limited_conv(
 
 def _engage_if_band_limited(out: torch.Tensor) -> None:
     """A public call that ran a band-limited op under autograd makes the memory-lean modules look
-    at their inputs from then on (:func:`~.lean.sources.quiet`; a layer engages itself)."""
+    at their inputs from then on (:func:`~.lean.handoff.quiet`; a layer engages itself)."""
     node = out.grad_fn
     while node is not None and type(node).__name__.startswith("SqueezeBackward"):  # 1-d, unbatched
         node = node.next_functions[0][0]

@@ -24,7 +24,8 @@ from lightning_bandlimit.functional.band_projection import (
     reduce_input,
 )
 from lightning_bandlimit.functional.dft_plan import batch_slices
-from lightning_bandlimit.functional.lean.sources import Saved, Source, held, rebuild
+from lightning_bandlimit.functional.lean.regions import held
+from lightning_bandlimit.functional.lean.sources import Saved, Source, rebuild
 
 __all__ = ["SpatialConvFunction", "spatial_conv"]
 

@@ -23,19 +23,19 @@ from lightning_bandlimit.functional.dft_plan import (
     synthesis_adjoint,
 )
 from lightning_bandlimit.functional.geometry import IntOrTuple, resolve_geometry
-from lightning_bandlimit.functional.lean.sources import (
-    Saved,
-    hands_spectrum_on,
-    publish,
-)
+from lightning_bandlimit.functional.lean.handoff import publish
+from lightning_bandlimit.functional.lean.regions import hands_spectrum_on
+from lightning_bandlimit.functional.lean.sources import Saved
 from lightning_bandlimit.functional.spectral_kernel import (
     Spectrum,
     as_2d,
     compute_dtypes,
-    filter_grad,
-    input_grad_spectrum,
     itemsize,
     output_of,
+)
+from lightning_bandlimit.functional.spectral_mixing import (
+    filter_grad,
+    input_grad_spectrum,
     output_spectrum,
     taps_of,
 )

@@ -17,7 +17,7 @@ from torch import nn
 from lightning_bandlimit.functional.algorithm import check_algorithm
 from lightning_bandlimit.functional.compile import compiled_band_limited_conv
 from lightning_bandlimit.functional.fft_conv import band_limited_conv
-from lightning_bandlimit.functional.lean.sources import disengage, engage, published_any
+from lightning_bandlimit.functional.lean.handoff import disengage, engage, published_any
 from lightning_bandlimit.utils.validation import check_bool, check_compression
 
 __all__ = [

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from lightning_bandlimit.functional.lean.conv import lean_conv
+from lightning_bandlimit.functional.lean.handoff import lookup, quiet
 from lightning_bandlimit.functional.lean.ops import (
     BatchNormFunction,
     ReluFunction,
@@ -36,7 +37,6 @@ from lightning_bandlimit.functional.lean.ops import (
     lean_wanted,
 )
 from lightning_bandlimit.functional.lean.pool import MaxPool2dFunction, lean_max_pool2d
-from lightning_bandlimit.functional.lean.sources import lookup, quiet
 from lightning_bandlimit.functional.spatial_conv import SpatialConvFunction
 from lightning_bandlimit.functional.spectral_kernel import FFTConvFunction
 
@@ -45,7 +45,7 @@ def _plain_forward(training: bool, input: torch.Tensor, *params: torch.Tensor | 
     """Whether a lean module runs its plain module's forward: outside training with gradients,
     inside ``torch.compile``, or on an activation that is not band-limited.
 
-    While no band-limited op is engaged (:func:`~lightning_bandlimit.functional.lean.sources.quiet`:
+    While no band-limited op is engaged (:func:`~lightning_bandlimit.functional.lean.handoff.quiet`:
     every band-limited layer at its full band, e.g. ``compression=0``), no activation is
     band-limited: one global test, the input is not looked at."""
     return (

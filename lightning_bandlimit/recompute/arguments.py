@@ -17,7 +17,7 @@ import torch
 import torch.utils.checkpoint
 from torch.utils import _pytree as pytree
 
-from lightning_bandlimit.functional.lean.sources import checkpointed_region
+from lightning_bandlimit.functional.lean.regions import checkpointed_region
 from lightning_bandlimit.recompute.pointwise import respects_hooks_argument
 
 __all__ = ["RecomputeMismatch", "checkpoint_call"]

@@ -44,7 +44,7 @@ import torch.utils.checkpoint
 from torch import fx, nn
 
 from lightning_bandlimit.functional.lean.conv import conv_dtype, conv_function, stride_grid
-from lightning_bandlimit.functional.lean.sources import checkpointed_region, keeping_spectra
+from lightning_bandlimit.functional.lean.regions import checkpointed_region, keeping_spectra
 from lightning_bandlimit.functional.spectrum_split import (
     analyse,
     conv_from_spectrum,

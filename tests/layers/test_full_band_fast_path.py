@@ -2,7 +2,7 @@
 
 A band-limited layer whose setters found the native convolution applies runs ``nn.Conv2d``'s own
 forward (the same op: equal bit for bit), without calling ``band_limited_conv``; the memory-lean
-twins decide by one global test (``sources.quiet``) that no activation is band-limited while no
+twins decide by one global test (``handoff.quiet``) that no activation is band-limited while no
 band-limited layer is engaged. Every other case still takes the general path.
 """
 
@@ -19,7 +19,8 @@ from torch import nn
 
 from lightning_bandlimit import bandlimit, set_compression, unbandlimit
 from lightning_bandlimit.functional import fft_conv2d
-from lightning_bandlimit.functional.lean import sources
+from lightning_bandlimit.functional.lean import handoff
+from lightning_bandlimit.functional.lean.sources import Saved
 from lightning_bandlimit.layers import BandLimitedConv1d, BandLimitedConv2d
 from lightning_bandlimit.layers import band_limited as band_limited_module
 from lightning_bandlimit.layers import lean as lean_module
@@ -29,9 +30,9 @@ from lightning_bandlimit.layers.lean import LeanBatchNorm2d, LeanReLU
 @pytest.fixture(autouse=True)
 def _fresh_engagement(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Each test starts quiet: what earlier tests of the session engaged is set aside."""
-    state = sources._Engaged()
-    monkeypatch.setattr(sources, "_ENGAGED", state)
-    sources._REGISTRY.entries.clear()
+    state = handoff._Engaged()
+    monkeypatch.setattr(handoff, "_ENGAGED", state)
+    handoff._REGISTRY.entries.clear()
     yield
 
 
@@ -84,7 +85,7 @@ def test_full_band_equals_conv2d_bitwise_without_the_general_path(
     for got, want in zip(_forward_backward(layer, x), _forward_backward(reference, x)):
         assert torch.equal(got, want)
     assert layer.achieved_compression == 0.0
-    assert not sources._ENGAGED.layers
+    assert not handoff._ENGAGED.layers
 
 
 def test_full_band_conv1d_and_unbatched_inputs(no_general_path: None) -> None:
@@ -136,23 +137,23 @@ def test_non_native_full_band_matches_what_it_computed_before() -> None:
     out = layer(x)
     assert type(out.grad_fn).__name__ != "ConvolutionBackward0"
     assert torch.allclose(out, reference(x), atol=1e-5)
-    assert set(sources._ENGAGED.layers) == {layer}
+    assert set(handoff._ENGAGED.layers) == {layer}
 
 
 def test_switching_compression_at_run_time() -> None:
     reference, layer = _pair(BandLimitedConv2d, nn.Conv2d, kernel_size=3, padding=1)
     x = torch.randn(2, 4, 16, 16)
     assert torch.equal(layer(x), reference(x)) and layer.achieved_compression == 0.0
-    assert sources.quiet()
+    assert handoff.quiet()
     layer.compression = 0.5
     band_limited = layer(x)
     assert 0.4 < layer.achieved_compression < 0.6
     assert not torch.allclose(band_limited, reference(x), atol=1e-3)
-    assert set(sources._ENGAGED.layers) == {layer} and not sources.quiet()
+    assert set(handoff._ENGAGED.layers) == {layer} and not handoff.quiet()
     layer.compression = 0.0
-    assert not sources.quiet()  # its band-limited output lives, with its recipe
+    assert not handoff.quiet()  # its band-limited output lives, with its recipe
     del band_limited
-    assert sources.quiet()
+    assert handoff.quiet()
     assert torch.equal(layer(x), reference(x)) and layer.achieved_compression == 0.0
     layer.algorithm = "spectral"  # the algorithm setter decides too
     assert not layer._full_band
@@ -196,7 +197,7 @@ def test_lean_hand_off_at_full_band_still_goes_through_lean_conv(monkeypatch: py
     reference, layer = _pair(BandLimitedConv2d, nn.Conv2d, kernel_size=3, padding=1)
     x = torch.randn(2, 4, 10, 10, requires_grad=True)
     h = x * 2.0
-    sources.publish(h, sources.Saved(), ())
+    handoff.publish(h, Saved(), ())
     assert torch.allclose(layer(h), reference(h), atol=1e-6)
     assert used == [True]
     layer.memory_lean = False  # no hand-off: the plain convolution, though a recipe exists
@@ -253,16 +254,16 @@ def test_a_copy_of_an_engaged_model_engages_itself() -> None:
     clone = copy.deepcopy(model)
     x = torch.randn(2, 4, 10, 10, requires_grad=True)
     clone[2](clone[1](clone[0](x)))
-    assert set(sources._ENGAGED.layers) == {clone[0]}
+    assert set(handoff._ENGAGED.layers) == {clone[0]}
     assert type(clone[2](clone[1](clone[0](x))).grad_fn).__name__ == "ReluFunctionBackward"
 
 
 def test_swap_back_and_garbage_collection_disengage() -> None:
     model = _block(0.5).train()
     model(torch.randn(2, 4, 10, 10))
-    assert len(sources._ENGAGED.layers) == 2
+    assert len(handoff._ENGAGED.layers) == 2
     unbandlimit(model)
-    assert sources.quiet() and not hasattr(model[0], "_full_band")
+    assert handoff.quiet() and not hasattr(model[0], "_full_band")
     model = bandlimit(model, 0.5)
     model(torch.randn(2, 4, 10, 10))
     layers = weakref.WeakSet([model[0], model[3]])
@@ -270,7 +271,7 @@ def test_swap_back_and_garbage_collection_disengage() -> None:
     import gc
 
     gc.collect()
-    assert not layers and sources.quiet()
+    assert not layers and handoff.quiet()
 
 
 def test_a_functional_band_limited_conv_under_autograd_engages() -> None:
@@ -279,8 +280,8 @@ def test_a_functional_band_limited_conv_under_autograd_engages() -> None:
     fft_conv2d(x, w, padding=1)  # native
     with torch.no_grad():
         fft_conv2d(x, w, padding=1, compression=0.5)
-    assert sources.quiet()
+    assert handoff.quiet()
     out = fft_conv2d(x, w, padding=1, compression=0.5)  # unpublished: memory_lean is off
-    assert not sources.quiet()
+    assert not handoff.quiet()
     plain = type(F.batch_norm(out, None, None, training=True).grad_fn)
     assert type(LeanBatchNorm2d(6).train()(out).grad_fn) is not plain  # the lean path

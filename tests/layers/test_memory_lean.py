@@ -20,9 +20,10 @@ from lightning_bandlimit import SavedTensorMeter, bandlimit, set_compression, un
 from lightning_bandlimit.functional import fft_conv2d
 from lightning_bandlimit.functional.dft_plan import dft_plan
 from lightning_bandlimit.functional.geometry import resolve_geometry
-from lightning_bandlimit.functional.lean import sources
+from lightning_bandlimit.functional.lean import handoff, regions
 from lightning_bandlimit.functional.lean.ops import lean_relu, pack_mask, unpack_mask
 from lightning_bandlimit.functional.lean.pool import lean_max_pool2d
+from lightning_bandlimit.functional.lean.sources import Saved
 from lightning_bandlimit.functional.spectral_kernel import _batch_slices
 from lightning_bandlimit.functional.spectrum_split import input_plan, spectrum_bytes
 from lightning_bandlimit.layers.lean import LeanBatchNorm2d, LeanModule, LeanReLU
@@ -151,12 +152,12 @@ def test_saved_bytes_fall_below_plain_convolutions_and_with_compression() -> Non
 def test_nothing_is_kept_or_published_without_gradients() -> None:
     model = bandlimit(cifar_resnet18(10, width=4), 0.5)
     x = torch.rand(2, 3, 32, 32)
-    sources._REGISTRY.entries.clear()
+    handoff._REGISTRY.entries.clear()
     with torch.no_grad():
         model.train()(x)
     with torch.inference_mode():
         out = model.eval()(x)
-    assert not sources._REGISTRY.entries
+    assert not handoff._REGISTRY.entries
     with torch.no_grad():
         ref = bandlimit(copy.deepcopy(model), 0.5, memory_lean=False).eval()(x)
     unbandlimit(model)
@@ -330,7 +331,7 @@ def test_relu_keeps_a_bit_mask_and_passes_nan_gradients_like_plain() -> None:
     assert isinstance(relu, LeanReLU)
     with SavedTensorMeter() as meter:
         activation = x * 1.0
-        sources.publish(activation, sources.Saved(), ())  # as a band-limited convolution marks its output
+        handoff.publish(activation, Saved(), ())  # as a band-limited convolution marks its output
         out = relu(activation)
     assert meter.bytes == x.numel() // 8
     (g,) = torch.autograd.grad(out, x, torch.ones_like(out))
@@ -420,9 +421,9 @@ def test_keeping_spectra_trades_a_recipe_for_the_spectrum_the_forward_made_anywa
     x = torch.randn(2, 4, 16, 16)
     with SavedTensorMeter(exclude=model.parameters()) as recipe:
         model(x)
-    with sources.keeping_spectra(), SavedTensorMeter(exclude=model.parameters()) as spectra:
+    with regions.keeping_spectra(), SavedTensorMeter(exclude=model.parameters()) as spectra:
         out = model(x)
-    assert not sources.keeps_spectra()
+    assert not regions.keeps_spectra()
     conv = model[3]
     plan = input_plan(torch.empty(2, 8, 16, 16), conv.weight, None, 1, 1, 1, 1, "zeros", 0.5, 2)
     # the recipe read the conv's spectrum and BatchNorm's two per-channel vectors (scale, shift)
@@ -455,11 +456,11 @@ def test_in_a_checkpointed_region_a_conv_keeps_the_held_input_and_hands_no_spect
     def conv() -> tuple[torch.Tensor, int, str]:
         with SavedTensorMeter(exclude=(w,)) as meter:
             out = fft_conv2d(x, w, padding=1, compression=0.5, memory_lean=True, algorithm=algorithm)
-            found = sources.lookup(out)  # valid under the hooks it was published under
+            found = handoff.lookup(out)  # valid under the hooks it was published under
         return out, meter.bytes, type(found[0]).__name__ if found else "none"
 
     outside, outside_bytes, outside_recipe = conv()
-    with sources.checkpointed_region([x]):
+    with regions.checkpointed_region([x]):
         inside, inside_bytes, inside_recipe = conv()
     assert outside_bytes < x.nbytes  # a smaller form of the input, where nothing else holds it
     assert inside_bytes == x.nbytes

@@ -13,8 +13,9 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from lightning_bandlimit.functional.autocast import autocast_off
+from lightning_bandlimit.functional.lean.handoff import lookup
 from lightning_bandlimit.functional.lean.ops import memory_format_of
-from lightning_bandlimit.functional.lean.sources import Saved, Source, lookup, rebuild
+from lightning_bandlimit.functional.lean.sources import Saved, Source, rebuild
 
 __all__ = ["conv_dtype", "conv_function", "lean_conv", "stride_grid"]
 

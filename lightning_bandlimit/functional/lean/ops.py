@@ -33,15 +33,8 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from lightning_bandlimit.functional.autocast import autocast_off
-from lightning_bandlimit.functional.lean.sources import (
-    Affine,
-    Relu,
-    Saved,
-    Source,
-    lookup,
-    publish,
-    rebuild,
-)
+from lightning_bandlimit.functional.lean.handoff import lookup, publish
+from lightning_bandlimit.functional.lean.sources import Affine, Relu, Saved, Source, rebuild
 
 __all__ = [
     "BatchNormFunction",

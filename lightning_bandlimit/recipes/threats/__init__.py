@@ -50,7 +50,8 @@ The modules: ``attack_info`` (:class:`AttackInfo`, :class:`Threat`), ``attack_bu
 built-in attacks at full strength), ``attack_registry`` (:data:`ATTACKS`, populated from the
 built-ins' list, and :func:`register_attack` for custom ones), ``attack_spec``
 (:class:`AttackSpec`, validation, seeds, :func:`build_attack`), ``cw_attack`` (minimum-norm C&W
-over a grid of constants), ``band_attacks`` (:class:`BandPGD`, :class:`BandNoise`),
+over a grid of constants), ``band_attacks`` (:class:`BandPGD`, :class:`BandNoise`), ``band_constraints``
+(a band-limited perturbation kept exactly in the band, the eps ball and the pixel box),
 ``frequency_band`` (radial bands, masks, projections) and ``input_band`` (the band a model's
 input layer keeps and drops). Users import the attacks' names from this package.
 """

@@ -4,21 +4,8 @@
 model in eval mode, honour ``set_normalization_used`` and targeted modes like the stock attacks,
 and compose with :class:`torchattacks.MultiAttack`. Their perturbation ``adv - images`` lies in a
 radial frequency band (see :mod:`lightning_bandlimit.recipes.threats.frequency_band`), in the eps ball, and
-keeps the image in ``[0, 1]``, all three exactly (up to floating-point rounding).
-
-How the constraints are kept exactly. The band is a linear subspace ``S``; the eps ball and the
-pixel box ``0 <= images + delta <= 1`` are convex and contain 0, but clipping to them leaves
-``S``. Scalar multiples and segments stay in ``S``, so every update ends with an exact line
-search: from the previous (feasible) perturbation ``p`` towards a band-limited candidate ``c``,
-the attack moves to ``p + t * (c - p)`` with the largest ``t`` in ``[0, 1]`` that keeps the box
-(closed form, per sample; ``t = 0`` is always feasible). For L2 the candidate is first scaled by
-``min(1, eps / ||c||)``, which is the exact projection onto ``S`` intersected with the ball, and
-the segment between two points of the ball stays in it; for Linf the ball is a box and is
-handled together with the pixel box. Before the line search, ``projection_rounds`` alternations
-of clipping to a slightly shrunk box and projecting back to ``S`` bring the candidate close to
-the feasible set, so that ``t`` is close to 1 and most of the budget is used. The result is
-feasible but not the Euclidean projection onto the feasible set, so the attack is somewhat weaker
-than one with an exact projection: the price of an exactly band-limited perturbation.
+keeps the image in ``[0, 1]``, all three exactly (up to floating-point rounding): every step ends
+with the exact line search of :mod:`lightning_bandlimit.recipes.threats.band_constraints`.
 
 Limitation: a pixel that is exactly 0 or 1 admits no outward change, and a band that cannot
 vanish on a large saturated region (typically the high band) then leaves such images (nearly)
@@ -30,13 +17,19 @@ band is trivially "robust" to attacks confined to it.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 
 import torch
 from torch import nn
 from torchattacks.attack import Attack
 
+from lightning_bandlimit.recipes.threats.band_constraints import (
+    BandConstraints,
+    box_scale,
+    per_sample,
+    sample_norms,
+    scale_to,
+)
 from lightning_bandlimit.recipes.threats.frequency_band import band_project, resolve_band
 from lightning_bandlimit.recipes.threats.input_band import BandSubspace
 from lightning_bandlimit.utils.validation import check_choice, check_int, check_real
@@ -48,11 +41,6 @@ Band = str | tuple[float, float] | BandSubspace
 
 NORMS = ("Linf", "L2")
 DISTRIBUTIONS = ("gaussian", "uniform")
-# Inward margin of the box that the alternating projections aim at, as a fraction of a typical
-# per-pixel perturbation (Linf: eps; L2: eps / sqrt(pixels per sample)). Aiming strictly inside
-# the box lets the exact line search accept (t ~ 1) the small leftover violations; 0.2 was the
-# best of 0.02..0.4 on random and clipped-smooth 16x16 and 32x32 images for all three bands.
-_BOX_MARGIN = 0.2
 FULL_BAND = (0.0, 1.0)
 
 
@@ -81,99 +69,6 @@ def _check_images(images: torch.Tensor) -> None:
         raise ValueError(f"images must lie in [0, 1], got values in [{low}, {high}]")
 
 
-def _per_sample(values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """Reshape ``(N,)`` values to broadcast against ``like`` of shape ``(N, ...)``."""
-    return values.view(-1, *([1] * (like.dim() - 1)))
-
-
-def _norm(delta: torch.Tensor, norm: str) -> torch.Tensor:
-    flat = delta.flatten(1)
-    return flat.norm(p=2, dim=1) if norm == "L2" else flat.abs().amax(dim=1)
-
-
-def _scale_to(delta: torch.Tensor, norm: str, radius: torch.Tensor | float) -> torch.Tensor:
-    """Scale each sample to the given norm (all-zero samples stay zero)."""
-    size = _norm(delta, norm)
-    factor = torch.where(size > 0, radius / size.clamp_min(torch.finfo(delta.dtype).tiny), 0.0)
-    return delta * _per_sample(factor, delta)
-
-
-def _scale_into_ball(delta: torch.Tensor, norm: str, eps: float) -> torch.Tensor:
-    """``delta * min(1, eps / ||delta||)`` per sample: band-preserving."""
-    size = _norm(delta, norm)
-    factor = torch.where(size > eps, eps / size.clamp_min(torch.finfo(delta.dtype).tiny), 1.0)
-    return delta * _per_sample(factor, delta)
-
-
-def _box_scale(delta: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor) -> torch.Tensor:
-    """Largest ``t`` in ``[0, 1]`` per sample with ``lower <= t * delta <= upper`` (``lower <= 0 <= upper``).
-
-    A ``t < 1`` is shrunk by a few ulps so that rounding in ``t * delta`` cannot cross the bounds.
-    """
-    inf = torch.full_like(delta, math.inf)
-    ratio = torch.where(delta > 0, upper / delta, inf)
-    ratio = torch.where(delta < 0, lower / delta, ratio)
-    t = ratio.flatten(1).amin(dim=1).clamp(0.0, 1.0)
-    return torch.where(t < 1.0, t * (1.0 - 4.0 * torch.finfo(delta.dtype).eps), t)
-
-
-def _line_search(
-    candidate: torch.Tensor, previous: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor
-) -> torch.Tensor:
-    """``previous + t * (candidate - previous)`` with the largest ``t`` in ``[0, 1]`` inside the box.
-
-    ``previous`` must lie in the box ``[lower, upper]``. Exact in the band: a segment between two
-    band-limited perturbations is band-limited.
-    """
-    step = candidate - previous
-    t = _box_scale(step, (lower - previous).clamp(max=0.0), (upper - previous).clamp(min=0.0))
-    return previous + step * _per_sample(t, step)
-
-
-class _Constraints:
-    """The element-wise box of one batch and the shrunk box the alternating projections aim at.
-
-    ``lower <= delta <= upper`` is the pixel box ``0 <= images + delta <= 1``, intersected with the
-    eps ball for ``Linf``; the L2 ball is handled by scaling. The target box is shrunk by a margin
-    on the pixel-box sides only (not on the eps-ball sides), and not at all for the full band,
-    whose projection is exact.
-    """
-
-    def __init__(
-        self,
-        images: torch.Tensor,
-        eps: float,
-        norm: str,
-        project: Callable[[torch.Tensor], torch.Tensor],
-        full: bool,
-    ) -> None:
-        self.eps, self.norm, self.project = eps, norm, project
-        if norm == "Linf":
-            self.lower, self.upper = -images.clamp(max=eps), (1.0 - images).clamp(max=eps)
-            margin = 0.0 if full else _BOX_MARGIN * min(eps, 1.0)
-            self.target_lower = self.lower + margin * (images < eps)
-            self.target_upper = self.upper - margin * (images > 1.0 - eps)
-        else:
-            self.lower, self.upper = -images, 1.0 - images
-            margin = 0.0 if full else min(_BOX_MARGIN * eps / math.sqrt(images[0].numel()), 0.25)
-            self.target_lower, self.target_upper = self.lower + margin, self.upper - margin
-
-    def alternate(self, delta: torch.Tensor, rounds: int) -> torch.Tensor:
-        """Alternate clipping to the target box and projecting to the band (and the L2 ball)."""
-        for _ in range(rounds):
-            delta = self.project(torch.maximum(torch.minimum(delta, self.target_upper), self.target_lower))
-            if self.norm == "L2":
-                delta = _scale_into_ball(delta, "L2", self.eps)
-        return delta
-
-    def feasible_step(self, candidate: torch.Tensor, previous: torch.Tensor, rounds: int) -> torch.Tensor:
-        """From a feasible ``previous`` towards a band-limited ``candidate``, ending feasible exactly."""
-        delta = self.alternate(candidate, rounds)
-        if self.norm == "L2":  # the segment between two points of the ball stays in it
-            delta = _scale_into_ball(delta, "L2", self.eps)
-        return _line_search(delta, previous, self.lower, self.upper)
-
-
 class BandPGD(Attack):
     """Projected gradient descent whose perturbation lies in a radial frequency band.
 
@@ -182,7 +77,7 @@ class BandPGD(Attack):
     ``<P sign(g), g> = ||g||_1`` for a band-limited ``g``) or a normalised-gradient step (``L2``),
     then makes the perturbation feasible: ``projection_rounds`` alternations of clipping to the
     constraints and projecting back to the band, followed by an exact per-sample line search
-    from the previous iterate (see the module docstring). The final ``adv - images`` therefore
+    from the previous iterate (see :mod:`.band_constraints`). The final ``adv - images`` therefore
     has no energy outside the band (up to rounding), lies in the eps ball, and ``adv`` stays in
     ``[0, 1]``. A projected gradient below floating-point noise (``< 100 * finfo.eps`` of the full
     gradient) is treated as zero, so a model blind to the band gets no steps at all. With the full
@@ -266,14 +161,14 @@ class BandPGD(Attack):
             return images
         if self.targeted:
             target_labels = self.get_target_label(images, labels)
-        constraints = _Constraints(images, self.eps, self.norm, self._project, self._full)
+        constraints = BandConstraints(images, self.eps, self.norm, self._project, self._full)
         loss = nn.CrossEntropyLoss()
 
         delta = torch.zeros_like(images)
         if self.random_start:
             noise = torch.rand_like(images) * 2 - 1 if self.norm == "Linf" else torch.randn_like(images)
             radius = torch.rand(len(images), device=device, dtype=images.dtype) * self.eps
-            candidate = _scale_to(self._project(noise), self.norm, radius)
+            candidate = scale_to(self._project(noise), self.norm, radius)
             delta = constraints.feasible_step(candidate, delta, self.projection_rounds)
 
         noise_floor = 100.0 * torch.finfo(images.dtype).eps
@@ -283,13 +178,13 @@ class BandPGD(Attack):
             cost = -loss(outputs, target_labels) if self.targeted else loss(outputs, labels)
             grad = torch.autograd.grad(cost, adv, retain_graph=False, create_graph=False)[0]
             projected = self._project(grad)
-            size = _norm(projected, "L2")
-            signal = size > noise_floor * _norm(grad, "L2")
-            projected = projected * _per_sample(signal, projected)
+            size = sample_norms(projected, "L2")
+            signal = size > noise_floor * sample_norms(grad, "L2")
+            projected = projected * per_sample(signal, projected)
             if self.norm == "Linf":
                 step = self._project(projected.sign())
             else:
-                step = _scale_to(projected, "L2", 1.0)
+                step = scale_to(projected, "L2", 1.0)
             delta = constraints.feasible_step(delta + self.alpha * step, delta, self.projection_rounds)
         # The clamp only absorbs rounding in the addition.
         return (images + delta).clamp(0.0, 1.0).detach()
@@ -391,17 +286,17 @@ class BandNoise(Attack):
             noise = torch.randn(shape, generator=generator, device=images.device, dtype=dtype)
         else:
             noise = torch.rand(shape, generator=generator, device=images.device, dtype=dtype) * 2 - 1
-        raw = _scale_to(self._project(noise), self.norm, self.eps)
-        constraints = _Constraints(images, self.eps, self.norm, self._project, self._full)
-        fit = _box_scale(raw, constraints.lower, constraints.upper)
-        delta = raw * _per_sample(fit, raw)
+        raw = scale_to(self._project(noise), self.norm, self.eps)
+        constraints = BandConstraints(images, self.eps, self.norm, self._project, self._full)
+        fit = box_scale(raw, constraints.lower, constraints.upper)
+        delta = raw * per_sample(fit, raw)
         if bool((fit < 1.0).any()):
             reshaped = constraints.alternate(raw, self.projection_rounds)
-            reshaped = _scale_to(reshaped, self.norm, self.eps)
-            reshaped = reshaped * _per_sample(
-                _box_scale(reshaped, constraints.lower, constraints.upper), reshaped
+            reshaped = scale_to(reshaped, self.norm, self.eps)
+            reshaped = reshaped * per_sample(
+                box_scale(reshaped, constraints.lower, constraints.upper), reshaped
             )
-            better = _norm(reshaped, self.norm) > _norm(delta, self.norm)
-            delta = torch.where(_per_sample(better, delta), reshaped, delta)
+            better = sample_norms(reshaped, self.norm) > sample_norms(delta, self.norm)
+            delta = torch.where(per_sample(better, delta), reshaped, delta)
         # The clamp only absorbs rounding in the addition.
         return (images + delta).clamp(0.0, 1.0)
