@@ -5,8 +5,9 @@ first step, which measures them), ``ladder_splits`` (the micro-batch lever), ``l
 (when a check runs; read, agree, decide) over ``ladder_reading``, ``ladder_step_peak`` and
 ``ladder_drift`` (what a check reads), ``ladder_agreement`` (the ranks' agreement),
 ``ladder_records`` (what it records and logs) and ``ladder_coordinator`` (what decides beside the
-ladder), ``ladder_events`` (the controller's one feeder) and ``ladder_backstop`` (the
-out-of-memory backstop)."""
+ladder), ``ladder_events`` (the controller's one feeder), ``ladder_backstop`` (the
+out-of-memory backstop) and ``ladder_state`` (what its checkpoint holds, and how a resumed job
+reads it back)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from lightning_bandlimit.callbacks.ladder_profile import FirstStep
 from lightning_bandlimit.callbacks.ladder_reading import JobMemory
 from lightning_bandlimit.callbacks.ladder_records import decision_record, describe_change, log_decision
 from lightning_bandlimit.callbacks.ladder_splits import SplitLever
-from lightning_bandlimit.callbacks.ladder_stages import ExactRungs, find_stages
+from lightning_bandlimit.callbacks.ladder_stages import ExactRungs
+from lightning_bandlimit.callbacks.ladder_state import ladder_state, restore_ladder
 from lightning_bandlimit.callbacks.ladder_step_peak import StepPeak
 from lightning_bandlimit.ladder.controller import LadderController
 from lightning_bandlimit.ladder.reasons import OOM
@@ -285,7 +287,7 @@ class AdaptiveBandLimit(BandLimit):
         if self.probe is None and self._probe_spec == "auto":
             self.probe = auto_probe(self._device)  # warns once itself when it falls back or gives up
         if stage == "fit" and "checkpoint" in self.levers and self._rungs.stages is None:
-            self._rungs.stages = find_stages(pl_module, self.checkpoint_units)
+            self._rungs.find(pl_module, self.checkpoint_units)
         if stage == "fit" and self._splits is not None:
             self._splits.install(trainer, pl_module)
         if stage == "fit" and self.oom_backstop:
@@ -443,7 +445,7 @@ class AdaptiveBandLimit(BandLimit):
         super().teardown(trainer, pl_module, stage)
         self._stop_meters()
         self._first_step.release()
-        self._rungs.release()  # the user's model as it was; a next fit re-applies the rung
+        self._rungs.release()  # the user's model as it was; the rung and the stages stay known
         if self._splits is not None:
             self._splits.remove()
         self._backstop.remove()
@@ -453,30 +455,16 @@ class AdaptiveBandLimit(BandLimit):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        stages = self._rungs.stages.stages if self._rungs.stages is not None else None
         return {
             **super().state_dict(),
-            "rung": self.rung,
-            "split": self.split,
-            "split_trial": None if self._splits is None else self._splits.state_dict(),
-            "stages": stages,
-            "controller": self.controller.state_dict(),
+            **ladder_state(self.setting, self._rungs, self._splits, self.controller),
         }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # BandLimit's load_state_dict restores the compression alone; here it is part of the
         # setting, restored with the rung and the split by the one move.
-        controller = dict(state_dict.get("controller", {}))
-        if "checkpoint" not in self.levers:
-            controller["rungs"], state_dict = 0, {**state_dict, "rung": 0, "stages": None}
-        self._rungs.saved_stages = state_dict.get("stages")
-        self._events.restore(controller)
-        split = 1
-        if self._splits is not None:
-            if (trial := state_dict.get("split_trial")) is not None:  # an older checkpoint: tried again
-                self._splits.load_state_dict(trial)
-            split = self._splits.restore_split(int(state_dict.get("split", 1)))  # said once if clamped
-        compression = state_dict.get("compression", self.compression)
-        rung = int(state_dict.get("rung", 0))  # applied once the stages are known
-        self._move_to(Setting(rung, compression, split=split))
+        restored = restore_ladder(
+            state_dict, self.levers, self._rungs, self._splits, self._events, self.compression
+        )
+        self._move_to(restored)

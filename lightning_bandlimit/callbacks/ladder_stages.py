@@ -1,8 +1,10 @@
 """The exact rungs of :class:`~lightning_bandlimit.callbacks.AdaptiveBandLimit`
 (:class:`ExactRungs`: the stages and the rung the job runs at): which units it checkpoints
-(:func:`find_stages`), the stages a checkpoint saved (applied at the start of training), and what
-it says about them (no units found, units kept in full at a compression). The first step, which
-measures the units and sets the stages, is :mod:`~lightning_bandlimit.callbacks.ladder_profile`."""
+(:func:`find_stages`), the stages a checkpoint saved (applied at the start of training), the
+stages it keeps known once the fit released the units (its plan, :attr:`ExactRungs.plan`, what a
+checkpoint saves), and what it says about them (no units found, units kept in full at a
+compression). The first step, which measures the units and sets the stages, is
+:mod:`~lightning_bandlimit.callbacks.ladder_profile`."""
 
 from __future__ import annotations
 
@@ -58,7 +60,8 @@ class FallbackReport:
 class ExactRungs:
     """A job's exact rungs: its checkpointable units grouped in stages, the rung it runs at (held
     here; the units are switched to it; set only by the callback's one move,
-    ``AdaptiveBandLimit._move_to``), the stages a checkpoint saved, and what is said of them.
+    ``AdaptiveBandLimit._move_to``), the stages a checkpoint saved, the plan (the stages known,
+    kept when the fit's end releases the units), and what is said of them.
 
     Args:
         stages: the units (:func:`find_stages`), ``None``: no exact rungs.
@@ -71,8 +74,8 @@ class ExactRungs:
 
     Example:
         >>> rungs = ExactRungs(None, rung=2)  # no units: the rung is kept for when they are known
-        >>> rungs.rung, rungs.units_at(2), rungs.checkpointed()
-        (2, 0, [])
+        >>> rungs.rung, rungs.units_at(2), rungs.checkpointed(), rungs.plan
+        (2, 0, [], None)
     """
 
     def __init__(
@@ -82,7 +85,26 @@ class ExactRungs:
         self._rung = rung
         self.order, self.max_rungs = order, max_rungs
         self.saved_stages: list[list[str]] | None = None  # from a checkpoint, until applied
+        self._released: list[list[str]] | None = None  # the stages of a fit that released its units
         self._fallbacks = FallbackReport()
+
+    def find(self, pl_module: pl.LightningModule, patterns: tuple[str, ...] | None) -> None:
+        """A fit's units (:func:`find_stages`), to be measured by its first step (or given the
+        stages a checkpoint saved); the plan an earlier fit released gives way to them."""
+        self.stages = find_stages(pl_module, patterns)
+        self._released = None
+
+    @property
+    def plan(self) -> list[list[str]] | None:
+        """The stages the rungs checkpoint, as a checkpoint saves them: those known in this fit
+        (measured, or restored), else those a checkpoint saved (applied at the start of training),
+        else those of the fit that released its units (:meth:`release`: a checkpoint saved after
+        the fit holds what one saved during it held); ``None``: none known."""
+        if self.staged:
+            return [list(stage) for stage in self.stages.stages]  # type: ignore[union-attr]
+        if self.saved_stages is not None:
+            return self.saved_stages
+        return self._released
 
     @property
     def staged(self) -> bool:
@@ -131,7 +153,11 @@ class ExactRungs:
             self._fallbacks(self.stages, compression)
 
     def release(self) -> None:
-        """The user's model as it was; the rung is kept for a next fit to apply."""
+        """The user's model as it was (every unit back to its own class): what the rung applied
+        is undone, not what is known. The rung is kept for a next fit to apply, and the stages as
+        the plan (:attr:`plan`: a checkpoint saved after the fit, as users save one once ``fit``
+        returns, holds the stages a resumed job applies, as one saved during the fit does)."""
         if self.stages is not None:
+            self._released = self.plan
             self.stages.release()
             self.stages = None

@@ -1,9 +1,11 @@
-"""``SharedDevice``: memory-aware training jobs on one device share one ladder."""
+"""``SharedDevice``: memory-aware training jobs on one device share one ladder: the callback
+finds its peers through a ledger, announces its arrival and waits for room, and puts every check's
+decision through the rule all jobs share; what the peers hold is read by
+:mod:`~lightning_bandlimit.callbacks.shared_peers`."""
 
 from __future__ import annotations
 
 import atexit
-import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,10 +19,10 @@ from typing_extensions import override
 
 from lightning_bandlimit.callbacks.adaptive_band_limit import AdaptiveBandLimit
 from lightning_bandlimit.callbacks.ladder_coordinator import Coordinated
-from lightning_bandlimit.callbacks.ladder_reading import held_bytes, process_memory
+from lightning_bandlimit.callbacks.ladder_reading import held_bytes
+from lightning_bandlimit.callbacks.shared_peers import PeerMemory
 from lightning_bandlimit.ladder.reasons import HOLD, LOWER, RAISE
 from lightning_bandlimit.ladder.setting import Decision, Setting
-from lightning_bandlimit.memory.protocol import ProbeUnavailable
 from lightning_bandlimit.tenants.arrival import Arrival, Event, Phase, advance
 from lightning_bandlimit.tenants.coordination import Coordination
 from lightning_bandlimit.tenants.entries import user_ids
@@ -73,7 +75,8 @@ class SharedDevice(Callback):
     NVML's per-process memory (:meth:`~lightning_bandlimit.memory.MemoryProbe.process_memory`: its
     CUDA context and allocator cache too, which its own peak leaves out), else at the peak it
     published; the ledger carries intent. Where NVML's process ids are not the jobs' own (a
-    container), the published peaks are used, said once.
+    container), the published peaks are used, said once
+    (:mod:`~lightning_bandlimit.callbacks.shared_peers`).
 
     Each hold is kept in :attr:`holds` (step, the decision held, why) and said once per reason.
     With ``coordinate=False`` the job only publishes its entry (its process id lets CPU jobs
@@ -136,10 +139,8 @@ class SharedDevice(Callback):
         self._adaptive: AdaptiveBandLimit | None = None
         self._changed_at = 0.0
         self._said: str | None = None
-        # the peers and their processes' memory read for this check's decision (by peer_memory)
-        self._snapshot: tuple[list[Tenant], dict[int, int]] | None = None
+        self._peers = PeerMemory()  # the peers' memory a check reads, kept for its decision
         self.arrival = Arrival()  # the job's state in the arrival protocol
-        self._by_process: bool | None = None  # peers measured per process (None: not known yet)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -222,52 +223,18 @@ class SharedDevice(Callback):
         """The live peers' memory (bytes), read at a check before the ladder decides: a peer's
         own change is not others' growth to the ladder. Each peer counts at what the device
         measures for its process where the probe can tell (NVML's per-process memory: its
-        context, cache and tensors, from before its first step), else at the peak it published.
-        ``None`` when a peer's is unknown; ``0`` with no peers."""
+        context, cache and tensors, from before its first step), else at the peak it published
+        (:class:`~.shared_peers.PeerMemory`). ``None`` when a peer's is unknown; ``0`` with no
+        peers."""
         assert self.ledger is not None
-        peers = self.ledger.peers()
-        measured = self._process_memory() if peers else {}
-        self._snapshot = peers, measured
-        memory = [measured.get(p.pid, p.memory) for p in peers]
-        if any(m is None for m in memory):
-            return None
-        return float(sum(memory))  # type: ignore[arg-type]
-
-    def _process_memory(self) -> dict[int, int]:
-        """The device's per-process memory, when the probe measures it and its process ids are
-        this job's (NVML gives the host's, which a container renumbers: then none is taken). A
-        probe failing to list them, in any way (:func:`~.ladder_reading.process_memory`), is
-        said once and read for them no more."""
-        probe = self._adaptive.probe if self._adaptive is not None else None
-        if probe is None or self._by_process is False:
-            return {}
-        try:
-            found = process_memory(probe)
-        except ProbeUnavailable as error:
-            rank_zero_warn(f"SharedDevice: {error}; peers count at the memory they published")
-            self._by_process = False
-            return {}
-        if found is None:
-            self._by_process = False
-            return {}
-        if os.getpid() not in found:  # this job holds memory on the device, so it would be listed
-            if self._by_process is None:
-                rank_zero_info(
-                    "SharedDevice: the device lists no process with this job's id (another process "
-                    "namespace, as in a container): peers count at the memory they published"
-                )
-                self._by_process = False
-            return {}
-        self._by_process = True
-        return found
+        return self._peers.read(self.ledger, self._adaptive.probe if self._adaptive is not None else None)
 
     def __call__(self, adaptive: AdaptiveBandLimit, trainer: pl.Trainer, decision: Decision) -> Coordinated:
         """The check's decision after the shared rule (what ``AdaptiveBandLimit`` applies), and
         whether it is a change the ladder did not decide (room made for an arrival, a refit)."""
         assert self.ledger is not None
         # read once, by peer_memory; a check without it measured no process
-        peers, measured = self._snapshot if self._snapshot is not None else (self.ledger.peers(), {})
-        self._snapshot = None
+        peers, measured = self._peers.take(self.ledger)
         if self.arrival.phase is Phase.ARRIVING:
             self.arrival = advance(self.arrival, Event.FIRST_STEP_RAN)  # measured now: arrived
         me, at = self._publish(), time.time()

@@ -20,6 +20,7 @@ from lightning_bandlimit import bandlimited_layers
 from lightning_bandlimit.callbacks import AdaptiveBandLimit
 from lightning_bandlimit.callbacks import adaptive_band_limit as adaptive_module
 from lightning_bandlimit.callbacks.ladder_reading import JobMemory
+from lightning_bandlimit.callbacks.ladder_stages import ExactRungs
 from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.ladder import Setting
 from lightning_bandlimit.memory import MemoryReading, ScriptedProbe
@@ -765,6 +766,21 @@ def test_resume_with_other_units_measures_them_again(
         assert record["rung"] <= stages, record
         assert record["checkpointed_units"] == 2 * record["rung"], record
     assert max(spy.checkpointed.values()) <= 2 * stages
+
+
+def test_the_plan_outlives_the_release_until_a_next_fit_finds_its_units() -> None:
+    # issue 68: the end of a fit gives the user's model back, not what was measured of it
+    rungs, model = ExactRungs(None, order="stages"), _model()
+    rungs.find(model, None)
+    assert rungs.plan is None  # found, not measured yet
+    rungs.stages.set_stages(STAGES)  # type: ignore[union-attr]
+    rungs.rung = 4
+    assert rungs.checkpointed() == BLOCKS
+    rungs.release()
+    assert not any(is_checkpointed(model.get_submodule(name)) for name in BLOCKS)
+    assert (rungs.rung, rungs.plan) == (4, STAGES)  # what a checkpoint saved after the fit holds
+    rungs.find(torch.nn.Sequential(torch.nn.Linear(2, 2)), None)  # a next fit: no units
+    assert rungs.plan is None
 
 
 def test_resume_with_the_compression_lever_only_drops_the_rungs(tmp_path: Path, stop_after: type) -> None:

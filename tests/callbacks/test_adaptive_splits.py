@@ -21,6 +21,7 @@ from lightning_bandlimit.data import SyntheticImageDataModule
 from lightning_bandlimit.memory import MemoryReading
 from lightning_bandlimit.memory.protocol import MemoryProbe
 from lightning_bandlimit.models import ImageClassifier
+from lightning_bandlimit.recompute.switch import is_checkpointed
 
 M = 1_000_000
 TOTAL = 100 * M
@@ -125,9 +126,11 @@ class _Chunks(ImageClassifier):
 
     def on_train_start(self) -> None:
         self.chunks: list[int] = []
+        self.checkpointed: list[int] = []  # units checkpointed as each training batch starts
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self.chunks.append(0)
+        self.checkpointed.append(sum(is_checkpointed(m) for m in self.modules()))
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         self.chunks[-1] += 1
@@ -197,6 +200,42 @@ def test_a_split_job_resumes_at_its_split(
     assert model.chunks[0] == 4  # the first step ran at the clamped split
     assert clamped.controller.splits == (2, 4)  # the ladder climbs only the splits the outcome allows
     assert all(d["split"] in (1, 2, 4) for d in clamped.decisions)
+
+
+class _StateAtEnd(pl.Callback):
+    """The adaptive callback's saved state as training ends (before its teardown)."""
+
+    def __init__(self, adaptive: AdaptiveBandLimit) -> None:
+        self.adaptive = adaptive
+        self.state: dict[str, Any] | None = None
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.state = self.adaptive.state_dict()
+
+
+def test_a_checkpoint_saved_after_fit_resumes_as_one_saved_during_it(tmp_path: Path) -> None:
+    # issue 68: the fit's end releases the units (the user's model as it was), not the stages
+    # measured: a checkpoint saved after ``fit`` returns keeps them, and a fresh model resumed
+    # from it runs the saved rung and split from its first step, without measuring again
+    probe = _DeepSqueeze(until=10_000)
+    callback = _callback(probe)
+    probe.callback = callback
+    during = _StateAtEnd(callback)
+    trainer = _fit(callback, 18, tmp_path, callbacks=[callback, during, _StopAt(14)])
+    assert callback.setting.rung == 4 and callback.split == 2
+    path = tmp_path / "after_fit.ckpt"
+    trainer.save_checkpoint(path)
+    checkpoint = torch.load(path, weights_only=False)
+    saved = next(v for k, v in checkpoint["callbacks"].items() if k.startswith("AdaptiveBandLimit"))
+    assert during.state is not None and during.state["stages"] is not None
+    assert saved == during.state  # the stages too: the same as a checkpoint saved during the fit
+    resumed_probe = _DeepSqueeze(until=10_000)
+    resumed_probe.checks = probe.checks
+    resumed, model = _resume(path, resumed_probe, tmp_path)
+    assert model.checkpointed == [8, 8, 8, 8]  # rung 4 (two blocks a stage) from the first step
+    assert model.chunks == [2, 2, 2, 2]  # at split 2, on that rung
+    assert {(d["rung"], d["split"]) for d in resumed.decisions} == {(4, 2)}
+    assert resumed.state_dict()["stages"] == saved["stages"]  # restored, not measured again
 
 
 @pytest.mark.parametrize(
