@@ -29,7 +29,7 @@ from lightning_bandlimit.callbacks.ladder_events import LadderEvents
 from lightning_bandlimit.callbacks.ladder_profile import FirstStep
 from lightning_bandlimit.callbacks.ladder_reading import JobMemory
 from lightning_bandlimit.callbacks.ladder_records import decision_record, describe_change, log_decision
-from lightning_bandlimit.callbacks.ladder_splits import SplitLever
+from lightning_bandlimit.callbacks.ladder_splits import GHOST_BATCH, SplitLever
 from lightning_bandlimit.callbacks.ladder_stages import ExactRungs
 from lightning_bandlimit.callbacks.ladder_state import ladder_state, restore_ladder
 from lightning_bandlimit.callbacks.ladder_step_peak import StepPeak
@@ -71,9 +71,12 @@ class AdaptiveBandLimit(BandLimit):
     2. **Micro-batch split** (``"microbatch"`` lever; exact for a per-sample mean loss without
        batch-dependent layers): on the top rung, each step's batch runs in 2, 4, ... up to
        ``max_split`` chunks whose gradients accumulate before one optimizer step
-       (:mod:`lightning_bandlimit.microbatch`; the global batch is kept; BatchNorm normalises each
-       chunk by its own statistics). Tried on the first batch, against the whole batch's gradient;
-       a step that is not exact split (a summed loss, in-batch negatives) leaves it off, said once.
+       (:mod:`lightning_bandlimit.microbatch`; the global batch is kept). Tried on the first
+       batch in training mode, against the whole batch's gradient; a step that is not exact split
+       (a summed loss, in-batch negatives) leaves it off, said once. With BatchNorm in training
+       mode each chunk is normalised by its own statistics (ghost batches): the split is then
+       approximate, and used only while its chunks keep at least ``ghost_batch`` samples; the
+       decisions say ``"exact"``, ``"ghost"`` or ``"lossy"`` (``exactness``).
     3. **Compression** (``"compression"`` lever; lossy): the band-limited layers' compression,
        raised above ``min_compression`` only when the exact levers do not suffice (at the
        largest split). When every unit is a block whose input reaches its arithmetic only through band-limited
@@ -148,6 +151,10 @@ class AdaptiveBandLimit(BandLimit):
         max_slowdown: the most step time a checkpointing rung may cost relative to none
             (e.g. ``1.3``); ``None``: no cap.
         max_split: the most chunks the micro-batch lever runs a step's batch in (``1``: none).
+        ghost_batch: the fewest samples a chunk keeps when the split is a ghost-batch split
+            (BatchNorm in training mode; default 32: ghost batches of 32 or more are a known,
+            usually benign regime, Hoffer et al. 2017, while below 8-16 samples BatchNorm's error
+            grows fast, Wu and He 2018). A batch too small for two such chunks leaves the lever off.
         continuum_rung: where the compression rises past the exact rungs: ``"auto"`` (the top
             rung when every unit keeps its kept spectrum when checkpointed, else rung 0),
             ``"top"`` or ``"zero"``. On the top rung the checkpointed blocks shrink with the
@@ -189,6 +196,7 @@ class AdaptiveBandLimit(BandLimit):
         rung_order: str = "cost",
         max_slowdown: float | None = None,
         max_split: int = 8,
+        ghost_batch: int = GHOST_BATCH,
         continuum_rung: str = "auto",
         include: Patterns = None,
         exclude: Patterns = None,
@@ -224,12 +232,16 @@ class AdaptiveBandLimit(BandLimit):
         )
         check_int("check_every_n_steps", check_every_n_steps, minimum=1)
         check_int("max_split", max_split, minimum=1)
+        check_int("ghost_batch", ghost_batch, minimum=2)  # one sample has no variance
         if not (isinstance(probe, MemoryProbe) or probe == "auto"):
             error = ValueError if isinstance(probe, str) else TypeError
             raise error(f"probe must be 'auto' or a MemoryProbe, got {probe!r}")
         self.levers = levers
         self.max_split = max_split
-        self._splits = SplitLever(max_split) if "microbatch" in levers and max_split > 1 else None
+        self.ghost_batch = ghost_batch
+        self._splits = (
+            SplitLever(max_split, ghost_batch) if "microbatch" in levers and max_split > 1 else None
+        )
         self.continuum_rung = continuum_rung
         self.checkpoint_units = normalize_patterns("checkpoint_units", checkpoint_units)
         self.check_every_n_steps = check_every_n_steps
@@ -260,6 +272,12 @@ class AdaptiveBandLimit(BandLimit):
     def split(self) -> int:
         """The chunks a training step's batch runs in (``1``: whole)."""
         return 1 if self._splits is None else self._splits.split
+
+    @property
+    def _ghost(self) -> bool:
+        """Whether the micro-batch lever's splits are ghost-batch splits (approximate)."""
+        outcome = None if self._splits is None else self._splits.outcome
+        return outcome is not None and outcome.ghost
 
     @property
     def setting(self) -> Setting:
@@ -342,7 +360,7 @@ class AdaptiveBandLimit(BandLimit):
         end = self._first_step.finish(self.setting, self._peak, world_size)
         self._move_to(replace(self.setting, rung=end.rung))
         if end.oom_step is not None:
-            self._record_oom(end.oom_step)
+            self._record(end.oom_step, OOM)
 
     @override
     def on_train_batch_end(
@@ -403,24 +421,22 @@ class AdaptiveBandLimit(BandLimit):
             self._move_to(target)
             if target.compression > previous.compression or target.rung > previous.rung or target.split > 1:
                 release_cached_memory(self._device)  # so the device (and NVML) sees the memory freed
-            units = self._rungs.units_at(target.rung)
-            rank_zero_info(
-                f"AdaptiveBandLimit: {describe_change(trainer.global_step, previous, decision, units)}"
+            change = describe_change(
+                trainer.global_step, previous, decision, self._rungs.units_at(target.rung), self._ghost
             )
+            rank_zero_info(f"AdaptiveBandLimit: {change}")
+        slowdown = self.controller.slowdown(self.rung, self.split)
+        record = self._record(trainer.global_step, decision.reason, decision.free, peak, slowdown, base)
+        log_decision(pl_module, type(self).__name__, record)
+
+    def _record(self, step: int, reason: str, *fields: Any) -> dict[str, Any]:
+        """Keep a check's (or an out-of-memory retry's) record of the setting applied now."""
+        units = self._rungs.units_at(self.rung)
         record = decision_record(
-            trainer.global_step,
-            self.rung,
-            self._rungs.units_at(self.rung),
-            self.compression,
-            decision.reason,
-            decision.free,
-            peak,
-            self.controller.slowdown(self.rung, self.split),
-            base,
-            self.split,
+            step, self.rung, units, self.compression, reason, *fields, split=self.split, ghost=self._ghost
         )
         self.decisions.append(record)
-        log_decision(pl_module, type(self).__name__, record)
+        return record
 
     def _recover_from_oom(self, trainer: pl.Trainer) -> None:
         """An out-of-memory error in ``training_step``: move to a setting that needs less memory
@@ -431,14 +447,7 @@ class AdaptiveBandLimit(BandLimit):
         retry = self._backstop.retry_setting(step, self.setting, self._first_step, self._events, self._device)
         if retry is not None:  # None: the first step measures the units again, checkpointed
             self._move_to(retry)
-            self._record_oom(step)
-
-    def _record_oom(self, step: int) -> None:
-        self.decisions.append(
-            decision_record(
-                step, self.rung, self._rungs.units_at(self.rung), self.compression, OOM, split=self.split
-            )
-        )
+            self._record(step, OOM)
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -4,6 +4,12 @@ chooses (:class:`~lightning_bandlimit.microbatch.SplitStep`), tried once before 
 it (:func:`~lightning_bandlimit.microbatch.split_trial`, on the first training batch), and what
 is said of it.
 
+A split is exact when the trial finds the whole batch's gradient in training mode; with
+BatchNorm each chunk is normalised by its own statistics (ghost batches), and the split is
+allowed, as a ghost-batch split, only for chunks of at least ``ghost_batch`` samples
+(:data:`GHOST_BATCH` by default: ghost batches of 32 or more are a known, usually benign regime,
+Hoffer et al. 2017; below 8-16 samples BatchNorm's error grows fast, Wu and He 2018).
+
 The trial's outcome (:class:`SplitOutcome`: the splits it allows, or none and why) is part of the
 callback's checkpoint, so a resumed job does not try again (on a batch of another point of the
 run) and keeps the lever as it was; a restored split is reconciled with it
@@ -22,11 +28,13 @@ from lightning_bandlimit.ladder.splits import check_splits
 from lightning_bandlimit.microbatch import SplitStep, batch_size, split_batch, split_trial
 from lightning_bandlimit.utils.validation import check_int
 
-__all__ = ["TRIAL_SAMPLES", "SplitLever", "SplitOutcome", "clamp_split", "ladder_splits"]
+__all__ = ["GHOST_BATCH", "TRIAL_SAMPLES", "SplitLever", "SplitOutcome", "clamp_split", "ladder_splits"]
 
 # The trial's batch: the first samples of the first training batch, at most this many (the
 # equality it checks holds at any size; a small batch keeps its memory and time small).
 TRIAL_SAMPLES = 32
+#: the fewest samples a chunk of a ghost-batch split (a model with BatchNorm in training mode) keeps
+GHOST_BATCH = 32
 
 
 def ladder_splits(max_split: int, size: int) -> tuple[int, ...]:
@@ -59,12 +67,14 @@ class SplitOutcome:
 
     Attributes:
         splits: the splits the ladder may use (ascending; ``()``: none, the lever is off).
-        min_chunk: the fewest samples a chunk may have (``2`` with BatchNorm: one sample has no
-            variance).
+        min_chunk: the fewest samples a chunk may have (``ghost_batch`` with BatchNorm: each
+            chunk is normalised by its own statistics).
         reason: why the lever is off (``None`` when it has splits).
+        ghost: whether the splits are ghost-batch splits (approximate: BatchNorm in training
+            mode) rather than exact ones.
 
     Example:
-        >>> trial = SplitOutcome((2, 4), min_chunk=2)
+        >>> trial = SplitOutcome((2, 4), min_chunk=32, ghost=True)
         >>> SplitOutcome.from_state(trial.state_dict()) == trial
         True
     """
@@ -72,25 +82,35 @@ class SplitOutcome:
     splits: tuple[int, ...]
     min_chunk: int = 1
     reason: str | None = None
+    ghost: bool = False
 
     def state_dict(self) -> dict[str, Any]:
         """The outcome as plain values."""
-        return {"splits": list(self.splits), "min_chunk": self.min_chunk, "reason": self.reason}
+        return {
+            "splits": list(self.splits),
+            "min_chunk": self.min_chunk,
+            "reason": self.reason,
+            "ghost": self.ghost,
+        }
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> SplitOutcome:
         """The outcome :meth:`state_dict` saved.
 
         Raises:
-            TypeError: for splits or a chunk size that are not ints, a reason that is not a string.
+            TypeError: for splits or a chunk size that are not ints, a reason that is not a string,
+                a ghost flag that is not a bool.
             ValueError: for a split below 2 or a chunk size below 1.
         """
         reason = state.get("reason")
         if reason is not None and not isinstance(reason, str):
             raise TypeError(f"a split trial's reason must be a string or None, got {reason!r}")
+        ghost = state.get("ghost", False)
+        if not isinstance(ghost, bool):
+            raise TypeError(f"a split trial's ghost flag must be a bool, got {ghost!r}")
         splits = check_splits(state.get("splits", ()))
         min_chunk = check_int("min_chunk", state.get("min_chunk", 1), minimum=1)
-        return cls(splits, min_chunk, reason)
+        return cls(splits, min_chunk, reason, ghost)
 
 
 class SplitLever:
@@ -98,6 +118,8 @@ class SplitLever:
 
     Args:
         max_split: the most chunks a step's batch is run in.
+        ghost_batch: the fewest samples a chunk of a ghost-batch split keeps (a model whose
+            BatchNorm layers normalise each chunk by its own statistics).
         name: the name messages start with.
 
     Attributes:
@@ -107,13 +129,17 @@ class SplitLever:
         >>> lever = SplitLever(max_split=8)
         >>> lever.split, lever.tried
         (1, False)
-        >>> lever.load_state_dict({"tried": True, "splits": [2, 4], "min_chunk": 2, "reason": None})
+        >>> saved = {"tried": True, "splits": [2, 4], "min_chunk": 2, "reason": None, "ghost": False}
+        >>> lever.load_state_dict(saved)
         >>> lever.tried, lever.outcome.splits, lever.restore_split(4)
         (True, (2, 4), 4)
     """
 
-    def __init__(self, max_split: int, name: str = "AdaptiveBandLimit") -> None:
+    def __init__(
+        self, max_split: int, ghost_batch: int = GHOST_BATCH, name: str = "AdaptiveBandLimit"
+    ) -> None:
         self.max_split = max_split
+        self.ghost_batch = ghost_batch
         self.name = name
         self.step = SplitStep(name)
         self.outcome: SplitOutcome | None = None
@@ -179,26 +205,41 @@ class SplitLever:
         if not result.exact:
             rank_zero_warn(f"{self.name}: the micro-batch lever leaves the ladder: {result.reason}")
             return SplitOutcome((), reason=result.reason)
-        # BatchNorm needs two samples a chunk (one has no variance: its statistics would be NaN)
-        min_chunk = 1 if result.batch_norm_difference is None else 2
-        splits = ladder_splits(self.max_split, size // min_chunk)
-        if not splits:
-            reason = f"a batch of {size} cannot be split in chunks of 2"
-            rank_zero_info(f"{self.name}: the micro-batch lever is off: {reason}")
-            return SplitOutcome((), min_chunk, reason)
         shown = min(size, TRIAL_SAMPLES)
-        message = (
-            f"{self.name}: micro-batch splits {list(splits)} on the top rung, tried on {shown} samples: the "
-            f"split gradient is the whole batch's to {result.difference:.1e} (tolerance "
-            f"{result.tolerance:.0e}, BatchNorm at its running statistics)"
-        )
-        if result.batch_norm_difference is not None:
-            message += (
-                "; BatchNorm normalises each chunk by its own statistics (ghost batches): in training "
-                f"mode the split gradient differs by {result.batch_norm_difference:.1e} relative"
+        if not result.ghost:
+            # BatchNorm exact in training mode (e.g. its chunks' statistics agree to round-off)
+            # still needs two samples a chunk: one has no variance
+            min_chunk = 1 if result.batch_norm_difference is None else 2
+            splits = ladder_splits(self.max_split, size // min_chunk)
+            if not splits:
+                reason = f"a batch of {size} cannot be split in chunks of {min_chunk}"
+                rank_zero_info(f"{self.name}: the micro-batch lever is off: {reason}")
+                return SplitOutcome((), min_chunk, reason)
+            difference = max(result.difference, result.batch_norm_difference or 0.0)
+            rank_zero_info(
+                f"{self.name}: micro-batch splits {list(splits)} on the top rung, exact: tried on {shown} "
+                f"samples in training mode, the split gradient is the whole batch's to {difference:.1e} "
+                f"(tolerance {result.tolerance:.0e})"
             )
-        rank_zero_info(message)
-        return SplitOutcome(splits, min_chunk)
+            return SplitOutcome(splits, min_chunk)
+        ghost = (
+            f"BatchNorm normalises each chunk by its own statistics (ghost batches): tried on {shown} "
+            f"samples in training mode, the split gradient differs from the whole batch's by "
+            f"{result.batch_norm_difference:.1e} relative"
+        )
+        splits = ladder_splits(self.max_split, size // self.ghost_batch)
+        if not splits:
+            reason = (
+                f"{ghost}; a ghost-batch split keeps at least ghost_batch={self.ghost_batch} samples a "
+                f"chunk, and a batch of {size} has no such split (a smaller ghost_batch allows one)"
+            )
+            rank_zero_info(f"{self.name}: the micro-batch lever is off: {reason}")
+            return SplitOutcome((), self.ghost_batch, reason, ghost=True)
+        rank_zero_info(
+            f"{self.name}: micro-batch splits {list(splits)} on the top rung, ghost batches of at least "
+            f"{self.ghost_batch} samples (approximate, not exact): {ghost}"
+        )
+        return SplitOutcome(splits, self.ghost_batch, ghost=True)
 
     def ladder(self, splits: tuple[int, ...]) -> tuple[int, ...]:
         """Of ``splits`` (a controller's), those the trial allows (all of them before it ran)."""
@@ -236,13 +277,15 @@ class SplitLever:
         return {"tried": True, **self.outcome.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The trial's outcome :meth:`state_dict` saved: not tried, the trial runs on the next
-        first batch; else it does not, and the splits above ``max_split`` are left out.
+        """The trial's outcome :meth:`state_dict` saved: not tried (or tried by a version that
+        judged in eval mode only: no ``ghost`` flag), the trial runs on the next first batch; else
+        it does not, and the splits above ``max_split`` are left out.
 
         Raises:
             TypeError, ValueError: for a state that is not one :meth:`state_dict` writes.
         """
-        if not state.get("tried", False):
+        if not state.get("tried", False) or "ghost" not in state:
+            # not tried, or tried before the trial judged in training mode: tried again
             self.outcome = None
             return
         saved = SplitOutcome.from_state(state)
@@ -250,7 +293,7 @@ class SplitLever:
         reason = saved.reason
         if saved.splits and not splits:
             reason = f"max_split={self.max_split} is below the splits it allowed ({list(saved.splits)})"
-        self.outcome = SplitOutcome(splits, saved.min_chunk, reason)
+        self.outcome = SplitOutcome(splits, saved.min_chunk, reason, saved.ghost)
         self.step.min_chunk = saved.min_chunk
 
     def remove(self) -> None:

@@ -8,9 +8,14 @@ train on another gradient, silently. :func:`split_trial` runs the module's own
 of the batch, as the split step weights it), and compares the two gradients (relative L2
 difference) against what round-off allows at the job's precision.
 
-The judgement runs in eval mode (BatchNorm on its running statistics, dropout off): BatchNorm in
-training mode normalises each chunk by its own statistics (ghost batches), a difference the
-split step accepts; it is measured in a second comparison and reported, never a refusal. The
+The judgement runs twice. In eval mode (BatchNorm on its running statistics, dropout off) it
+finds what the user's ``training_step`` does wrong for a split (a summed loss, in-batch
+negatives): then the split is refused. In training mode (BatchNorm on each chunk's own
+statistics, dropout still off: its masks are random, not batch-dependent) it finds what the
+split changes as the model trains: BatchNorm's ghost batches. A split whose training-mode
+gradient is the whole batch's to round-off is exact (:attr:`SplitTrial.exact_in_training`); one
+that differs only there is a ghost-batch split (:attr:`SplitTrial.ghost`), approximate, which the
+caller may allow for large enough chunks (``AdaptiveBandLimit(ghost_batch=...)``). The
 trial leaves the run as it was: the random streams, the parameters and their ``.grad``, the
 BatchNorm statistics, the torchmetrics states, the modules' ``training`` flags; ``self.log``
 logs nothing during it. What the user's model does wrong is returned as a reason, never raised.
@@ -63,11 +68,15 @@ class SplitTrial:
         batch_norm_difference: the same with the BatchNorm layers in train mode (on each
             chunk's statistics; the rest in eval mode, dropout off), when the module has
             BatchNorm layers in training mode; else ``None``.
-        reason: why the split is refused; ``None``: it is exact.
+        reason: why the split is refused; ``None``: it is exact in eval mode.
 
     Example:
-        >>> SplitTrial(difference=1e-16, tolerance=1e-9, batch_norm_difference=None, reason=None).exact
-        True
+        >>> exact = SplitTrial(difference=1e-16, tolerance=1e-9, batch_norm_difference=None, reason=None)
+        >>> exact.exact, exact.ghost, exact.exact_in_training
+        (True, False, True)
+        >>> ghost = SplitTrial(difference=1e-16, tolerance=1e-9, batch_norm_difference=0.7, reason=None)
+        >>> ghost.exact, ghost.ghost, ghost.exact_in_training
+        (True, True, False)
     """
 
     difference: float
@@ -77,8 +86,26 @@ class SplitTrial:
 
     @property
     def exact(self) -> bool:
-        """Whether the split gives the whole batch's gradient (to round-off)."""
+        """Whether the split gives the whole batch's gradient (to round-off) in eval mode: the
+        user's ``training_step`` allows a split at all."""
         return self.reason is None
+
+    @property
+    def ghost(self) -> bool:
+        """Whether the split is exact in eval mode but not in training mode: BatchNorm normalises
+        each chunk by its own statistics (ghost batches), an approximation of the whole batch's
+        gradient (a difference that is not finite counts as one)."""
+        return (
+            self.exact
+            and self.batch_norm_difference is not None
+            and not (self.batch_norm_difference <= self.tolerance)
+        )
+
+    @property
+    def exact_in_training(self) -> bool:
+        """Whether the split gives the whole batch's gradient as the model trains (training
+        mode, dropout held fixed): exact, not a ghost-batch split."""
+        return self.exact and not self.ghost
 
 
 def split_trial(
@@ -94,9 +121,11 @@ def split_trial(
     on the whole batch and on its chunks (:func:`~.chunks.split_batch`), each chunk's loss weighted
     by its share of the batch, and compares the gradients of the parameters that require grad
     (:func:`torch.autograd.grad`: no ``.grad`` is touched). The judgement runs in eval mode; with
-    BatchNorm layers in training mode a second comparison, in train mode, is reported as
-    :attr:`SplitTrial.batch_norm_difference`. Nothing of the run is changed (see the module
-    docstring); whatever the user's ``training_step`` raises becomes the :attr:`SplitTrial.reason`.
+    BatchNorm layers in training mode a second comparison, in train mode, gives
+    :attr:`SplitTrial.batch_norm_difference` and whether the split is exact as the model trains
+    (:attr:`SplitTrial.exact_in_training`) or a ghost-batch split (:attr:`SplitTrial.ghost`).
+    Nothing of the run is changed (see the module docstring); whatever the user's
+    ``training_step`` raises becomes the :attr:`SplitTrial.reason`.
 
     Args:
         pl_module: the LightningModule (any module with a ``training_step``).
@@ -109,7 +138,8 @@ def split_trial(
             ``None``: none.
 
     Returns:
-        A :class:`SplitTrial`; :attr:`SplitTrial.exact` says whether the split may be used.
+        A :class:`SplitTrial`: :attr:`SplitTrial.exact` says whether the split may be used at all,
+        :attr:`SplitTrial.exact_in_training` whether it is exact as the model trains.
 
     Raises:
         TypeError: for a ``pl_module`` that is not a module with a ``training_step``.

@@ -2,7 +2,9 @@
 in chunks before any compression, the split is kept in checkpoints and given back, and a step
 that is not exact split leaves the lever off with one message. A resumed job (issue 68) keeps
 the trial's outcome: it does not try again, and a restored split the outcome does not allow is
-clamped with one warning."""
+clamped with one warning. The test model has BatchNorm: its splits are ghost-batch splits (issue
+69), which these tests of the lever's mechanics allow down to chunks of 2 samples
+(``ghost_batch=2``, as a user asks for them); with the default (32) a batch of 16 has none."""
 
 from __future__ import annotations
 
@@ -79,7 +81,7 @@ def _callback(probe: MemoryProbe, **kwargs: Any) -> AdaptiveBandLimit:
         check_every_n_steps=1,
         continuum_rung="zero",
         rung_order="stages",
-        **kwargs,
+        **{"ghost_batch": 2, **kwargs},
     )
 
 
@@ -98,8 +100,28 @@ def test_past_the_top_rung_the_batch_is_split_before_any_compression_and_given_b
     assert probe.over and max(probe.over) <= 11  # the climb's checks only, then it fits
     assert callback.decisions[-1]["rung"] == 0 and callback.decisions[-1]["split"] == 1  # given back
     assert "AdaptiveBandLimit/split" in trainer.callback_metrics
-    assert caplog.text.count("micro-batch splits [2, 4, 8] on the top rung") == 1
-    assert "split 1 -> 2 (the batch in 2 chunks)" in caplog.text
+    assert caplog.text.count("micro-batch splits [2, 4, 8] on the top rung, ghost batches of at least 2") == 1
+    assert "split 1 -> 2 (the batch in 2 chunks, ghost batches: approximate)" in caplog.text
+    # BatchNorm normalises each chunk by its own statistics: the split steps are ghost, not exact
+    assert {d["exactness"] for d in callback.decisions if d["split"] > 1} == {"ghost"}
+    assert {d["exactness"] for d in callback.decisions if d["split"] == 1} == {"exact"}
+
+
+def test_by_default_ghost_batches_below_32_samples_leave_the_lever_off_and_the_squeeze_compresses(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    probe = _DeepSqueeze()
+    callback = _callback(probe, ghost_batch=32)  # the default
+    probe.callback = callback
+    with caplog.at_level("INFO"):
+        _fit(callback, 16, tmp_path)
+    assert callback._splits is not None and callback._splits.outcome is not None
+    assert callback._splits.outcome.ghost and callback._splits.outcome.splits == ()
+    assert callback.controller.splits == () and all(d["split"] == 1 for d in callback.decisions)
+    assert max(d["compression"] for d in callback.decisions) > 0
+    assert {d["exactness"] for d in callback.decisions if d["compression"] > 0} == {"lossy"}
+    said = [line for line in caplog.text.splitlines() if "micro-batch lever is off" in line]
+    assert len(said) == 1 and "ghost_batch=32" in said[0] and "a batch of 16" in said[0], said
 
 
 def test_without_the_lever_the_same_squeeze_compresses(tmp_path: Path) -> None:
@@ -165,7 +187,13 @@ def test_a_split_job_resumes_at_its_split(
     key, saved = next((k, v) for k, v in checkpoint["callbacks"].items() if k.startswith("AdaptiveBandLimit"))
     assert saved["split"] == 2 and saved["controller"]["splits"] == [2, 4, 8]
     # the trial's outcome (BatchNorm: chunks of at least 2 samples) is in the checkpoint
-    assert saved["split_trial"] == {"tried": True, "splits": [2, 4, 8], "min_chunk": 2, "reason": None}
+    assert saved["split_trial"] == {
+        "tried": True,
+        "splits": [2, 4, 8],
+        "min_chunk": 2,
+        "reason": None,
+        "ghost": True,
+    }
 
     def no_second_trial(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the split trial ran again on a resumed job")
@@ -241,9 +269,23 @@ def test_a_checkpoint_saved_after_fit_resumes_as_one_saved_during_it(tmp_path: P
 @pytest.mark.parametrize(
     ("split", "trial", "expected"),
     [
-        (4, {"tried": True, "splits": [2, 4, 8], "min_chunk": 1, "reason": None}, 4),  # allowed
-        (8, {"tried": True, "splits": [2, 4], "min_chunk": 1, "reason": None}, 4),  # the largest below
-        (2, {"tried": True, "splits": [], "min_chunk": 1, "reason": "a summed loss"}, 1),  # lever off
+        (
+            4,
+            {"tried": True, "splits": [2, 4, 8], "min_chunk": 1, "reason": None, "ghost": False},
+            4,
+        ),  # allowed
+        (
+            8,
+            {"tried": True, "splits": [2, 4], "min_chunk": 1, "reason": None, "ghost": False},
+            4,
+        ),  # largest below
+        (
+            2,
+            {"tried": True, "splits": [], "min_chunk": 1, "reason": "a summed loss", "ghost": False},
+            1,
+        ),  # off
+        # judged before training mode was (no ghost flag): tried again, the split kept until then
+        (8, {"tried": True, "splits": [2, 4], "min_chunk": 2, "reason": None}, 8),
         (4, {"tried": False}, 4),  # not tried: kept, the trial runs on the first batch
         (4, None, 4),  # an older checkpoint: as before, the trial runs again
     ],
@@ -261,14 +303,15 @@ def test_a_restored_split_is_reconciled_with_the_restored_trial(
     said = [str(w.message) for w in caught if "micro-batch lever's trial allows" in str(w.message)]
     assert callback.split == expected
     assert len(said) == (expected != split), said
-    assert callback._splits is not None and callback._splits.tried == bool(trial and trial["tried"])
+    assert callback._splits is not None
+    assert callback._splits.tried == bool(trial and trial["tried"] and "ghost" in trial)
     if trial is not None and trial["tried"] and not trial["splits"]:
         assert "a summed loss" in said[0]
 
 
 def test_a_restored_trial_keeps_the_splits_up_to_max_split() -> None:
     callback = AdaptiveBandLimit(max_split=4)
-    trial = {"tried": True, "splits": [2, 4, 8], "min_chunk": 2, "reason": None}
+    trial = {"tried": True, "splits": [2, 4, 8], "min_chunk": 2, "reason": None, "ghost": True}
     callback.load_state_dict({"split": 8, "split_trial": trial, "controller": {}})
     assert callback._splits is not None and callback._splits.outcome is not None
     assert callback._splits.outcome.splits == (2, 4) and callback.split == 4

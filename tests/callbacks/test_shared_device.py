@@ -439,6 +439,7 @@ def test_peers_see_the_split_the_job_applied_through_the_ledger(tmp_path: Path) 
         check_every_n_steps=1,
         continuum_rung="zero",
         rung_order="stages",
+        ghost_batch=2,  # BatchNorm: ghost-batch splits, allowed down to chunks of 2 here
     )
     probe.callback = adaptive
     folder = tmp_path / "ledger"

@@ -112,13 +112,21 @@ def test_in_batch_negatives_are_refused() -> None:
     assert "summed" not in result.reason
 
 
-def test_batch_norm_is_judged_in_eval_mode_and_its_ghost_batch_difference_reported() -> None:
+def test_batch_norm_in_training_mode_makes_the_split_a_ghost_batch_split_not_an_exact_one() -> None:
     module = _net(batch_norm=True)
     result = split_trial(module, _batch(), 0)
-    assert result.exact and result.difference < 1e-12
+    assert result.exact and result.difference < 1e-12  # the user's loss allows a split ...
     assert result.batch_norm_difference is not None and result.batch_norm_difference > 1e-3
-    # in eval mode already: nothing to compare in train mode
-    assert split_trial(_net(batch_norm=True).eval(), _batch(), 0).batch_norm_difference is None
+    assert result.ghost and not result.exact_in_training  # ... which is not exact as it trains
+    # without BatchNorm (dropout held fixed in both passes): exact as it trains
+    plain = split_trial(_net(), _batch(), 0)
+    assert plain.exact_in_training and not plain.ghost
+    # in eval mode already: nothing batch-dependent, exact
+    frozen = split_trial(_net(batch_norm=True).eval(), _batch(), 0)
+    assert frozen.batch_norm_difference is None and frozen.exact_in_training
+    # a refused split is neither
+    summed = split_trial(_net(loss="sum", batch_norm=True), _batch(), 0)
+    assert not summed.exact and not summed.ghost and not summed.exact_in_training
 
 
 def test_the_run_is_left_as_it_was() -> None:
