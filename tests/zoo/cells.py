@@ -39,6 +39,7 @@ CELLS = (
     "channels_last",
     "compile",
     "split",
+    "trainer_exact",
 )
 #: the models the ``compile`` cell runs on (torch.compile is slow to warm up on CPU)
 COMPILE_MODELS = ("resnet50", "mobilenet_v3_small", "timm/resnet18")
@@ -615,6 +616,153 @@ def ladder_in_trainer(name: str, max_steps: int = 80) -> dict[str, Any]:
     return {"rungs": top, "steps": len(decisions), "max_compression": max(compressions)}
 
 
+#: the models the ``trainer_exact`` cell runs on in the suite (a float64 fit with a twin each
+#: step, 35-45 s on one core): a BatchNorm ResNet (no exact split: ghost batches, off by default)
+#: and two models without BatchNorm whose split is exact (VGG; ConvNeXt's LayerNorm);
+#: ``python -m benchmarks.zoo.zoo_matrix --all-cells --cells trainer_exact`` runs it on every model
+TRAINER_EXACT_MODELS = ("resnet18", "vgg11", "timm/convnext_atto")
+#: the largest difference of a step's gradient from the twin's, relative to the twin's norm, on
+#: a step the ladder calls exact (float64)
+TRAINER_EXACT_RTOL = 1e-9
+
+
+def random_layers_off(model: nn.Module) -> int:
+    """The rate of every layer that draws random numbers in training mode (see
+    :func:`random_layers_frozen`) set to 0, so that it stays off whatever mode a ``Trainer``
+    puts it in; returns how many were dropping anything."""
+    dropping = 0
+    for module in model.modules():
+        named = any(word in type(module).__name__ for word in RANDOM_LAYERS)
+        if named or (getattr(module, "drop_rate", 0) or 0) > 0:
+            for attribute in ("p", "drop_prob", "drop_rate"):
+                value = getattr(module, attribute, None)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    dropping += value > 0
+                    setattr(module, attribute, 0.0)
+    return dropping
+
+
+def trainer_exact(name: str, max_steps: int = 80) -> dict[str, Any]:
+    """Every move the ladder calls exact is exact as the model trains (issue 69): the model in
+    float64 (random layers off, :func:`random_layers_off`), ``AdaptiveBandLimit`` with its
+    default levers, rung order and ``ghost_batch`` in a ``Trainer`` (batch 8), driven by
+    :class:`LadderTrace` past every rung to the compression and back. At every step a twin (the
+    same weights and compression, nothing checkpointed, the whole batch) computes the step's
+    gradient: on every step whose decision says ``"exact"`` (rungs, an exact split) the
+    ``Trainer``'s gradient is the twin's to :data:`TRAINER_EXACT_RTOL`; every setting before the
+    first lossy one is exact (no ghost-batch split where the user did not ask for one: batch 8
+    has no chunk of 32); the top rung is reached before the compression rises."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from lightning_bandlimit.callbacks import AdaptiveBandLimit
+    from lightning_bandlimit.memory import ScriptedProbe
+    from lightning_bandlimit.recompute.switch import is_checkpointed, uncheckpoint
+
+    class Classifier(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = build(name, torch.float64)
+            self.dropping = random_layers_off(self.model)
+
+        def training_step(self, batch_: Any, _: int) -> torch.Tensor:
+            x, y = batch_
+            return F.cross_entropy(logits(self.model(x)), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    class Twin(pl.Callback):
+        """The step's gradient against a plain twin's on the whole batch."""
+
+        def __init__(self) -> None:
+            self.batch: Any = None
+            self.errors: list[float] = []
+
+        def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch_: Any, *args: Any) -> None:
+            self.batch = batch_
+
+        def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: Any, optimizer: Any) -> None:
+            got = {
+                n: p.grad.detach().clone()
+                for n, p in pl_module.model.named_parameters()
+                if p.grad is not None
+            }
+            twin = copy.deepcopy(pl_module.model)
+            for module in twin.modules():
+                if is_checkpointed(module):
+                    uncheckpoint(module)
+            x, y = self.batch
+            twin.zero_grad(set_to_none=True)
+            F.cross_entropy(logits(twin(x)), y).backward()
+            want = {n: p.grad for n, p in twin.named_parameters() if p.grad is not None}
+            assert got.keys() == want.keys(), sorted(got.keys() ^ want.keys())[:5]
+            num = math.sqrt(sum((got[n] - want[n]).double().square().sum().item() for n in want))
+            den = math.sqrt(sum(want[n].double().square().sum().item() for n in want))
+            self.errors.append(num / den if den > 0 else num)
+
+    class StopWhenBack(pl.Callback):
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            d = callback.decisions
+            if (
+                trace.released
+                and d
+                and d[-1]["rung"] == 0
+                and d[-1]["compression"] == 0
+                and d[-1]["split"] == 1
+            ):
+                trainer.should_stop = True
+
+    x, y = batch(name, n=64, dtype=torch.float64)
+    loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=False)
+    trace = LadderTrace()
+    callback = AdaptiveBandLimit(
+        probe=ScriptedProbe(trace, total=TOTAL),
+        min_free=MIN_FREE,
+        release_free=RELEASE_FREE,
+        check_every_n_steps=1,
+    )
+    trace.callback = callback
+    twin = Twin()
+    trainer = cpu_trainer(
+        [callback, twin, StopWhenBack()], max_steps=max_steps, max_epochs=-1, limit_val_batches=0
+    )
+    trainer.fit(Classifier(), loader)
+    decisions = callback.decisions
+    # a decision at step s is the setting the steps after it ran at: step s + 1's gradient
+    ran = [("exact", 0, 1)] + [(d["exactness"], d["rung"], d["split"]) for d in decisions]
+    steps = list(zip(ran, twin.errors))
+    assert len(twin.errors) == len(decisions) >= 2, (len(twin.errors), len(decisions))
+    exactness = [e for e, _, _ in ran]
+    first_lossy = exactness.index("lossy") if "lossy" in exactness else len(exactness)
+    assert set(exactness[:first_lossy]) == {"exact"}, f"before the first lossy move: {ran[:first_lossy]}"
+    top = callback.controller.rungs
+    assert top >= 1 and max(r for _, r, _ in ran[:first_lossy]) == top, (
+        f"the top rung {top} not reached: {ran}"
+    )
+    worst = 0.0
+    for (kind, rung, split_), error in steps:
+        if kind == "exact":
+            assert error <= TRAINER_EXACT_RTOL, (
+                f"an exact step (rung {rung}, split {split_}) is {error:.3g} from the whole batch's gradient "
+                f"(relative) > {TRAINER_EXACT_RTOL:g}"
+            )
+            worst = max(worst, error)
+    outcome = callback._splits.outcome if callback._splits is not None else None
+    return {
+        "rungs": top,
+        "steps": len(decisions),
+        "max_split": max(s for _, _, s in ran),
+        "split_lever": None
+        if outcome is None
+        else ("ghost" if outcome.ghost else "exact")
+        if outcome.splits
+        else "off",
+        "worst_exact_rel_err": worst,
+        "lossy_steps": exactness.count("lossy"),
+    }
+
+
 CELL_FUNCTIONS = {
     "c0_equals_plain": c0_equals_plain,
     "c05_step": c05_step,
@@ -627,6 +775,7 @@ CELL_FUNCTIONS = {
     "channels_last": channels_last,
     "compile": compile_step,
     "split": split,
+    "trainer_exact": trainer_exact,
 }
 
 
@@ -634,6 +783,8 @@ def applicable(name: str, cell: str) -> bool:
     """Whether the cell runs on the model (``compile`` and ``ladder_in_trainer`` on a few)."""
     if cell == "compile":
         return name in COMPILE_MODELS
+    if cell == "trainer_exact":
+        return name in TRAINER_EXACT_MODELS
     return cell != "ladder_in_trainer" or name in LADDER_MODELS
 
 

@@ -4,7 +4,9 @@ exact and the top one keeps less, ``AdaptiveBandLimit`` walks the whole ladder i
 bfloat16 autocast, channels-last, ``torch.compile``, and the micro-batch split (``split``: a
 float64 batch of 4 in 2 chunks gives the whole batch's gradient to 1e-12 relative in eval mode on
 every model, and in training mode on every model without BatchNorm; BatchNorm's ghost-batch
-difference recorded).
+difference recorded), and ``trainer_exact``: in a ``Trainer`` with the ladder's defaults, every step
+the ladder calls exact gives the whole batch's gradient in training mode (float64, against a
+plain twin; issue 69).
 
 Known failures are listed in :data:`KNOWN` (strict ``xfail``: a fix makes them pass loudly).
 Run alone with ``pytest -m zoo``; ``benchmarks/zoo/zoo_matrix.py`` prints the same cells as a matrix.
