@@ -68,11 +68,32 @@ def _weights(out: Path) -> list[dict[str, torch.Tensor]]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.Tensor]]:
+def reference_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run's folder (no rank stopped)."""
     out = tmp_path_factory.mktemp("hang") / "reference"
     run = _torchrun(out, -1, 0, timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
-    return _weights(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run: Path) -> list[dict[str, torch.Tensor]]:
+    """The uninterrupted run's final weights, per rank."""
+    return _weights(reference_run)
+
+
+def test_the_uninterrupted_run_trains_once_and_ends_with_equal_replicas(
+    reference_run: Path, reference: list[dict[str, torch.Tensor]]
+) -> None:
+    # first in the module: it pays for the reference run the tests below compare with, and checks
+    # that run is what they take it for (one start per rank, no restart, both replicas equal)
+    starts = [json.loads(line) for line in (reference_run / "starts.jsonl").read_text().splitlines()]
+    assert sorted((s["rank"], s["step"], s["restart"]) for s in starts) == [(0, 0, 0), (1, 0, 0)]
+    assert not (reference_run / "stopped.json").exists()
+    rank0, rank1 = reference
+    assert rank0.keys() == rank1.keys()
+    for name in rank0:
+        assert torch.equal(rank0[name], rank1[name]), name
 
 
 # rank 1 stopped: the store (torchrun's agent's) answers and names it; rank 0 stopped with

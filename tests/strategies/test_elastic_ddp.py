@@ -2,8 +2,9 @@
 
 Every launch runs ``elastic_run_script.py`` in a subprocess (Lightning starts the other ranks);
 each rank reports the indices it trained on, the LR, and the strategy's state per step. Launches
-are the suite's cost, so two first runs are made once per module (``one_rank_run``,
-``two_rank_run``) and each test resumes a copy of one; the refusals of an incompatible
+are the suite's cost, so three runs are made once per module (``one_rank_run``, ``two_rank_run``
+and ``resized_to_one_run``: the second resumed on 1 process, where both halves of the 2 -> 1 -> 2
+resize start) and each test resumes a copy of one; the refusals of an incompatible
 checkpoint are unit-tested in ``test_elastic_refusals.py``, with one end-to-end launch here.
 """
 
@@ -77,41 +78,8 @@ def _check_curve(steps: list[dict], scale_of_world: dict[int, float]) -> None:
         assert t["lr"] == pytest.approx(expected, rel=1e-6), t
 
 
-@pytest.mark.slow
-def test_resize_2_to_1_to_2_exactly_once_on_the_curve(tmp_path: Path, two_rank_run: Path) -> None:
-    # 96 samples, batch 8: 6 global steps per epoch on 2 ranks, 12 on 1. Checkpoints every 4 steps.
-    _copy(two_rank_run, tmp_path)  # "a": epoch 0, 64 samples, checkpoint at step 4
-    _launch(tmp_path, "b", devices=1, max_steps=14, resume="last")  # rest of epoch 0, 6 steps of epoch 1
-    (tmp_path / "ckpt" / "last.ckpt").rename(tmp_path / "ckpt" / "step12.ckpt")
-    _launch(tmp_path, "c", devices=2, max_steps=18, resume=str(tmp_path / "ckpt" / "step12.ckpt"))
-    _launch(
-        tmp_path, "d", devices=2, max_steps=12, resume=str(tmp_path / "ckpt" / "step=8.ckpt")
-    )  # at an epoch end
-    a, b, c, d = (_ranks(tmp_path, tag) for tag in "abcd")
-    assert [len(x) for x in (a, b, c, d)] == [2, 1, 2, 2]
-
-    # the lineage a[:4] -> b[4:12] -> c[12:]: each epoch's samples exactly once
-    lineage = _steps(a, 4) + _steps(b, 12) + _steps(c)
-    for epoch in (0, 1):
-        seen = sorted(i for t in lineage if t["epoch"] == epoch for i in t["indices"])
-        assert seen == list(range(DATASET)), f"epoch {epoch}"
-    # resumed at the end of epoch 0 (1 -> 2): epoch 1 from its start, nothing of epoch 0 again
-    assert {t["epoch"] for t in _steps(d)} == {1}
-    first_of_epoch1 = sorted(i for t in _steps(b, 12) if t["epoch"] == 1 for i in t["indices"])
-    d_first = sorted(i for t in _steps(d, 10) for i in t["indices"])
-    assert d_first == first_of_epoch1  # the same 32 samples open epoch 1 whatever the world size
-
-    # the rule (linear: LR x world / 2) and the schedule, continuous in samples seen
-    assert b[0]["resized_from"] == 2 and c[0]["resized_from"] == 1 and d[0]["resized_from"] == 1
-    _check_curve(lineage + _steps(d), {1: 0.5, 2: 1.0})
-    assert {t["momentum"] for t in lineage} == {0.9}
-    assert b[0]["reference"]["world_size"] == 2 and c[0]["reference"]["world_size"] == 2
-    assert b[0]["applied"]["lr"] == pytest.approx(0.05) and c[0]["applied"]["lr"] == pytest.approx(0.1)
-    # CPU threads: the cores shared by the local processes
-    cores = len(os.sched_getaffinity(0))
-    assert b[0]["threads"] == cores and {r["threads"] for r in a} == {max(1, cores // 2)}
-
-
+# first of the tests on ``two_rank_run`` (which the first test to use pays for): the resize
+# tests after it pay only for ``resized_to_one_run``
 @pytest.mark.slow
 def test_keep_global_batch_accumulates_on_fewer_ranks(tmp_path: Path, two_rank_run: Path) -> None:
     _copy(two_rank_run, tmp_path)  # planned on 2 ranks: a global batch of 16
@@ -123,6 +91,58 @@ def test_keep_global_batch_accumulates_on_fewer_ranks(tmp_path: Path, two_rank_r
     # 2 optimizer steps x 2 micro-batches: the global batch stays 16 samples per step
     assert len(steps) == 4 and [t["step"] for t in steps] == [4, 4, 5, 5]
     assert steps[-1]["samples_seen"] == 6 * 16
+
+
+@pytest.fixture(scope="module")
+def resized_to_one_run(tmp_path_factory: pytest.TempPathFactory, two_rank_run: Path) -> Path:
+    """``two_rank_run`` resumed on 1 process to step 14 (``b``): checkpoints at steps 8 and 12."""
+    out = _copy(two_rank_run, tmp_path_factory.mktemp("resized_to_one_run"))
+    # 96 samples, batch 8: 6 global steps per epoch on 2 ranks, 12 on 1. Checkpoints every 4 steps.
+    _launch(out, "b", devices=1, max_steps=14, resume="last")  # rest of epoch 0, 6 steps of epoch 1
+    (out / "ckpt" / "last.ckpt").rename(out / "ckpt" / "step12.ckpt")
+    return out
+
+
+@pytest.mark.slow
+def test_resize_2_to_1_to_2_exactly_once_on_the_curve(tmp_path: Path, resized_to_one_run: Path) -> None:
+    _copy(resized_to_one_run, tmp_path)  # "a": epoch 0, 64 samples, checkpoint at step 4; "b" from it
+    _launch(tmp_path, "c", devices=2, max_steps=18, resume=str(tmp_path / "ckpt" / "step12.ckpt"))
+    a, b, c = (_ranks(tmp_path, tag) for tag in "abc")
+    assert [len(x) for x in (a, b, c)] == [2, 1, 2]
+
+    # the lineage a[:4] -> b[4:12] -> c[12:]: each epoch's samples exactly once
+    lineage = _steps(a, 4) + _steps(b, 12) + _steps(c)
+    for epoch in (0, 1):
+        seen = sorted(i for t in lineage if t["epoch"] == epoch for i in t["indices"])
+        assert seen == list(range(DATASET)), f"epoch {epoch}"
+
+    # the rule (linear: LR x world / 2) and the schedule, continuous in samples seen
+    assert b[0]["resized_from"] == 2 and c[0]["resized_from"] == 1
+    _check_curve(lineage, {1: 0.5, 2: 1.0})
+    assert {t["momentum"] for t in lineage} == {0.9}
+    assert b[0]["reference"]["world_size"] == 2 and c[0]["reference"]["world_size"] == 2
+    assert b[0]["applied"]["lr"] == pytest.approx(0.05) and c[0]["applied"]["lr"] == pytest.approx(0.1)
+    # CPU threads: the cores shared by the local processes
+    cores = len(os.sched_getaffinity(0))
+    assert b[0]["threads"] == cores and {r["threads"] for r in a} == {max(1, cores // 2)}
+
+
+@pytest.mark.slow
+def test_resize_1_to_2_at_an_epoch_end_opens_the_next_epoch_as_before(
+    tmp_path: Path, resized_to_one_run: Path
+) -> None:
+    # the second half of the 2 -> 1 -> 2 story: "b" resumed on 2 processes from its step 8
+    _copy(resized_to_one_run, tmp_path)
+    _launch(tmp_path, "d", devices=2, max_steps=12, resume=str(tmp_path / "ckpt" / "step=8.ckpt"))
+    b, d = _ranks(tmp_path, "b"), _ranks(tmp_path, "d")
+    assert len(d) == 2
+    # resumed at the end of epoch 0 (1 -> 2): epoch 1 from its start, nothing of epoch 0 again
+    assert {t["epoch"] for t in _steps(d)} == {1}
+    first_of_epoch1 = sorted(i for t in _steps(b, 12) if t["epoch"] == 1 for i in t["indices"])
+    d_first = sorted(i for t in _steps(d, 10) for i in t["indices"])
+    assert d_first == first_of_epoch1  # the same 32 samples open epoch 1 whatever the world size
+    assert d[0]["resized_from"] == 1
+    _check_curve(_steps(d), {1: 0.5, 2: 1.0})
 
 
 @pytest.mark.slow
