@@ -173,18 +173,22 @@ class _CoTenant(pl.Callback):
 
 
 @pytest.mark.slow
+# Not beside the tests that start several training processes (the main job's, the co-tenant
+# jobs'): the host's free memory is what this test reads.
+@pytest.mark.xdist_group("multitenant-jobs")
 def test_real_cotenant_on_host_memory(tmp_path: Path) -> None:
     probe = HostMemoryProbe()
     available = probe.read().free
     if available < 12 * GIB:
         pytest.skip(f"needs 12 GiB of available memory, has {available / GIB:.1f}")
-    # Thresholds relative to what is free now: a 6 GiB co-tenant crosses min_free, and 2.5 GiB
-    # of slack on either side absorbs what other processes on the machine do meanwhile (the
-    # suite's other xdist workers move by 1-4 GiB; with 1.5 GiB the release was missed once).
+    # Thresholds relative to what is free now: a 6 GiB co-tenant crosses min_free with 2 GiB to
+    # spare, and the release needs free memory back within 3.5 GiB of now, which absorbs what
+    # other processes on the machine do meanwhile (the suite's other xdist workers move by 1-4
+    # GiB; with 1.5 GiB, and later 2.5 GiB beside a faster suite, the release was missed).
     callback = AdaptiveBandLimit(
         probe=probe,
-        min_free=available - 3.5 * GIB,
-        release_free=available - 2.5 * GIB,
+        min_free=available - 4 * GIB,
+        release_free=available - 3.5 * GIB,
         check_every_n_steps=1,
         raise_step=0.3,
         lower_step=0.3,
