@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -473,21 +473,29 @@ def random_layers_frozen(model: nn.Module) -> int:
     functional dropout, e.g. GhostNet's, that module alone); returns how many of them drop
     anything (a rate above 0, or none found)."""
     dropping = 0
-    for module in model.modules():
-        rate = _drop_rate(module)
-        named = any(word in type(module).__name__ for word in RANDOM_LAYERS)
-        if named or (getattr(module, "drop_rate", 0) or 0) > 0:
-            module.training = False  # this module alone (a timm model's children stay in training)
-            dropping += rate is None or rate > 0
+    for module in _random_layers(model):
+        rate = next(iter(_drop_rates(module).values()), None)
+        module.training = False  # this module alone (a timm model's children stay in training)
+        dropping += rate is None or rate > 0
     return dropping
 
 
-def _drop_rate(module: nn.Module) -> float | None:
+def _random_layers(model: nn.Module) -> Iterator[nn.Module]:
+    """The modules that draw random numbers in training mode (see :func:`random_layers_frozen`)."""
+    for module in model.modules():
+        named = any(word in type(module).__name__ for word in RANDOM_LAYERS)
+        if named or (getattr(module, "drop_rate", 0) or 0) > 0:
+            yield module
+
+
+def _drop_rates(module: nn.Module) -> dict[str, float]:
+    """``module``'s rate attributes (``p``, ``drop_prob``, ``drop_rate``) that are numbers, in that order."""
+    rates = {}
     for attribute in ("p", "drop_prob", "drop_rate"):
         value = getattr(module, attribute, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    return None
+            rates[attribute] = float(value)
+    return rates
 
 
 def split_difference(module: nn.Module, data: Any, chunks: int) -> float:
@@ -632,14 +640,10 @@ def random_layers_off(model: nn.Module) -> int:
     :func:`random_layers_frozen`) set to 0, so that it stays off whatever mode a ``Trainer``
     puts it in; returns how many were dropping anything."""
     dropping = 0
-    for module in model.modules():
-        named = any(word in type(module).__name__ for word in RANDOM_LAYERS)
-        if named or (getattr(module, "drop_rate", 0) or 0) > 0:
-            for attribute in ("p", "drop_prob", "drop_rate"):
-                value = getattr(module, attribute, None)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    dropping += value > 0
-                    setattr(module, attribute, 0.0)
+    for module in _random_layers(model):
+        for attribute, rate in _drop_rates(module).items():
+            dropping += rate > 0
+            setattr(module, attribute, 0.0)
     return dropping
 
 
